@@ -1,0 +1,35 @@
+"""tftrain: fast, measurable, resumable custom TensorFlow training.
+
+`import tftrain` is light: TensorFlow loads when a name below is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY_NAMES = {
+    "Trainer": ("tftrain.trainer", "Trainer"),
+    "CustomModel": ("tftrain.model", "CustomModel"),
+    "TimingReport": ("tftrain.timing", "TimingReport"),
+}
+_SUBMODULES = {"callbacks", "data", "loops", "model", "timing", "trainer"}
+
+__all__ = ["Trainer", "CustomModel", "TimingReport", *sorted(_SUBMODULES)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_NAMES:
+        module_name, attribute = _LAZY_NAMES[name]
+        value = getattr(importlib.import_module(module_name), attribute)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tftrain.{name}")
+    raise AttributeError(f"module 'tftrain' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,228 @@
+"""Turn a step function into an engine: eager, `tf.function`, XLA, or a k-step loop.
+
+One place decides how a step runs (as Keras's `make_train_function` does):
+`make_loop(step_fn, options, strategy)` returns a `StepLoop` whose call runs
+up to `num_steps` steps on an iterator and reports how many ran. The step is
+written once; only the wrapping differs between engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import tensorflow as tf
+
+from tftrain import timing
+
+StepFn = Callable[[Any], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """How a step runs.
+
+    Attributes:
+        use_tf_function: Wrap the step in `tf.function` (graph). False runs it
+            eagerly: slow, but `print` and debuggers work inside the step.
+        jit_compile: Compile the step with XLA. Needs `use_tf_function`.
+        steps_per_loop: Steps per host call. Above 1 (with `use_tf_function`),
+            a `tf.while_loop` inside one `tf.function` pulls batches from the
+            iterator, so the host is visited once per `steps_per_loop` steps.
+    """
+
+    use_tf_function: bool = True
+    jit_compile: bool = False
+    steps_per_loop: int = 1
+
+    def __post_init__(self):
+        for name in ("use_tf_function", "jit_compile"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"Invalid value for argument `{name}`. Received: {name}={value!r} "
+                    f"(type {type(value).__name__}). Expected True or False."
+                )
+        steps = self.steps_per_loop
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                "Invalid value for argument `steps_per_loop`. Received: "
+                f"steps_per_loop={steps!r}. Expected an integer >= 1 (1 = one step per "
+                "host call; e.g. 20 runs 20 steps per call inside one tf.function)."
+            )
+        if self.jit_compile and not self.use_tf_function:
+            raise ValueError(
+                "Invalid combination of arguments. Received: jit_compile=True with "
+                "use_tf_function=False. Expected use_tf_function=True for XLA; pass "
+                "jit_compile=False to run eagerly."
+            )
+
+    @property
+    def name(self) -> str:
+        """A short name of the engine, e.g. `"graph"` or `"xla+loop20"`."""
+        if not self.use_tf_function:
+            base = "eager"
+        else:
+            base = "xla" if self.jit_compile else "graph"
+        if self.steps_per_loop > 1:
+            base += f"+loop{self.steps_per_loop}"
+        return base
+
+
+def _reduce_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
+    """Per-replica step outputs -> one value each (the mean over replicas)."""
+
+    def reduce(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+        return value
+
+    return tf.nest.map_structure(reduce, outputs)
+
+
+def _examples_in(batch: Any) -> tf.Tensor:
+    """In-graph count of the examples in a batch (its first tensor's rows)."""
+    first = tf.nest.flatten(batch)[0]
+    return tf.cast(tf.shape(first)[0], tf.int64)
+
+
+class StepLoop:
+    """Runs up to `num_steps` steps on an iterator per call.
+
+    Attributes:
+        step: The compiled single step (`batch -> logs`).
+        trace_counter: Counts traces of the step.
+        in_graph: Whether the steps of one call run inside one `tf.function`.
+    """
+
+    def __init__(self, step: StepFn, trace_counter: timing.TraceCounter, in_graph: bool):
+        self.step = step
+        self.trace_counter = trace_counter
+        self.in_graph = in_graph
+        self._graph_loop = _make_graph_loop(step) if in_graph else None
+        self._num_steps_cache: dict[int, tf.Tensor] = {}
+
+    def __call__(self, iterator: Iterator[Any], num_steps: int) -> tuple[int, int | None, Any]:
+        """Runs the steps.
+
+        Args:
+            iterator: A `tf.data` (or distributed) iterator.
+            num_steps: The most steps to run; fewer run if the data ends.
+
+        Returns:
+            `(steps_run, examples, logs)`: examples is None where the batch
+            size is not known on the host; logs are the last step's outputs
+            (None if no step ran).
+        """
+        if self._graph_loop is None:
+            return _host_loop(self.step, iterator, num_steps)
+        # A cached tensor: passing a fresh Python int would retrace each call.
+        count = self._num_steps_cache.get(num_steps)
+        if count is None:
+            count = self._num_steps_cache[num_steps] = tf.constant(num_steps, tf.int32)
+        steps, examples, optional_logs = self._graph_loop(iterator, count)
+        steps = int(steps)
+        if steps == 0:
+            return 0, 0, None
+        return steps, int(examples), optional_logs.get_value()
+
+
+def _host_loop(step: StepFn, iterator: Iterator[Any], num_steps: int):
+    steps, examples, logs = 0, 0, None
+    for _ in range(num_steps):
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        logs = step(batch)
+        steps += 1
+        size = timing.batch_size_of(batch)
+        examples = None if examples is None or size is None else examples + size
+    return steps, examples, logs
+
+
+def _make_graph_loop(step: StepFn):
+    """A `tf.function` that runs up to `num_steps` steps of `step`.
+
+    Batches come from `iterator.get_next_as_optional()`, so a final partial
+    loop (the data ends before `num_steps`) is handled in the graph. The
+    step's output structure comes from its concrete function, so the loop
+    carries an `Optional` of exactly that type.
+    """
+
+    def loop(iterator, num_steps):
+        concrete = step.get_concrete_function(iterator.element_spec)
+        output_spec = tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs)
+
+        def cond(i, examples, outputs, next_batch):
+            del examples, outputs
+            return tf.logical_and(i < num_steps, next_batch.has_value())
+
+        def body(i, examples, outputs, next_batch):
+            del outputs
+            batch = next_batch.get_value()
+            logs = step(batch)
+            # Only fetch another batch if it will be used: a fetched batch that
+            # is never trained on would be lost from the iterator.
+            following = tf.cond(
+                i + 1 < num_steps,
+                iterator.get_next_as_optional,
+                lambda: tf.experimental.Optional.empty(iterator.element_spec),
+            )
+            return (
+                i + 1,
+                examples + _examples_in(batch),
+                tf.experimental.Optional.from_value(logs),
+                following,
+            )
+
+        first = tf.cond(
+            num_steps > 0,
+            iterator.get_next_as_optional,
+            lambda: tf.experimental.Optional.empty(iterator.element_spec),
+        )
+        steps, examples, outputs, _ = tf.while_loop(
+            cond,
+            body,
+            loop_vars=[
+                tf.constant(0),
+                tf.constant(0, tf.int64),
+                tf.experimental.Optional.empty(output_spec),
+                first,
+            ],
+        )
+        return steps, examples, outputs
+
+    return tf.function(loop, reduce_retracing=True)
+
+
+def make_loop(
+    step_fn: StepFn,
+    options: EngineOptions,
+    strategy: tf.distribute.Strategy | None = None,
+    name: str = "train_step",
+) -> StepLoop:
+    """Builds the engine for one step function.
+
+    Args:
+        step_fn: `batch -> dict of logs`, written for one replica.
+        options: The engine.
+        strategy: Runs the step on each replica (`strategy.run`) and averages
+            per-replica outputs. None means the current strategy.
+        name: The step's name for trace warnings.
+
+    Returns:
+        A `StepLoop`.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    counter = timing.TraceCounter(name)
+
+    def replicated_step(batch):
+        return _reduce_outputs(strategy.run(step_fn, args=(batch,)), strategy)
+
+    step = counter.wrap(replicated_step)
+    if options.use_tf_function:
+        step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
+    in_graph = options.use_tf_function and options.steps_per_loop > 1
+    return StepLoop(step, counter, in_graph)

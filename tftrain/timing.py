@@ -1,0 +1,315 @@
+"""Built-in timing: host-call timer, trace counting, the report, a Keras callback.
+
+Every `Trainer.fit` measures itself with these pieces, and `Timing` gives the
+same report for `keras.Model.fit`. The clock is `time.perf_counter` (monotonic)
+and each host call is timed only after its outputs are available on the host,
+so device work is not under-counted on asynchronous devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+# A step function that traced this many times is called "retracing" and warned
+# about once, naming what changed. Two traces are normal: the first batch, and a
+# relaxed shape after a partial last batch (`reduce_retracing=True`).
+RETRACE_WARNING_THRESHOLD = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingReport:
+    """What one `fit` measured.
+
+    Attributes:
+        first_step_s: Seconds of the first host call: tracing, compiling and
+            running it. With `steps_per_loop=k` that call runs k steps.
+        step_time_median_s: Median seconds per training step in steady state
+            (host calls after the first one that did not trace).
+        step_time_p90_s: 90th percentile of the same.
+        examples_per_sec: Examples per second in steady state.
+        steps: Training steps run (each step of a k-step loop counts).
+        trace_count: How many times the training step function was traced.
+    """
+
+    first_step_s: float | None = None
+    step_time_median_s: float | None = None
+    step_time_p90_s: float | None = None
+    examples_per_sec: float | None = None
+    steps: int = 0
+    trace_count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the report as a plain dict (JSON-serializable)."""
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """Renders the report as a short two-column table."""
+        rows = [
+            ("steps", str(self.steps)),
+            ("trace count", str(self.trace_count)),
+            ("first step (trace+compile+run)", _format_seconds(self.first_step_s)),
+            ("step time median", _format_seconds(self.step_time_median_s)),
+            ("step time p90", _format_seconds(self.step_time_p90_s)),
+            (
+                "examples/sec",
+                "n/a" if self.examples_per_sec is None else f"{self.examples_per_sec:,.1f}",
+            ),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+@tf.autograph.experimental.do_not_convert
+def describe_arguments(args: Any) -> dict[str, str]:
+    """Describes a step's arguments as `{path: "dtype[shape]" or repr}`.
+
+    Used at trace time, where tensors are symbolic: their dtype and shape are
+    what decides whether `tf.function` retraces.
+    """
+    described = {}
+    for path_parts, value in keras.tree.flatten_with_path(args):
+        path = "".join(f"[{part!r}]" for part in path_parts)
+        if isinstance(value, (tf.Tensor, tf.Variable)) or hasattr(value, "shape"):
+            shape = tuple(getattr(value, "shape", ()))
+            dtype = getattr(getattr(value, "dtype", None), "name", str(getattr(value, "dtype", "")))
+            described[path] = f"{dtype}{list(shape)}"
+        else:
+            described[path] = f"python value {value!r}"
+    return described
+
+
+class TraceCounter:
+    """Counts how often a step function traces and names what changed.
+
+    `wrap(fn)` returns a function to hand to `tf.function`: its Python body
+    runs only while tracing, so counting there costs nothing at run time.
+
+    Args:
+        name: The function's name, used in the retracing warning.
+        argument_name: What the traced argument is called for users.
+    """
+
+    def __init__(self, name: str = "train_step", argument_name: str = "batch"):
+        self.name = name
+        self.argument_name = argument_name
+        self.count = 0
+        self._last_signature: dict[str, str] | None = None
+        self._warned = False
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Returns `fn` with trace counting around it."""
+
+        def counted(*args):
+            if not tf.executing_eagerly():
+                self._record(args[0] if len(args) == 1 else args)
+            return fn(*args)
+
+        counted.__name__ = getattr(fn, "__name__", self.name)
+        return counted
+
+    @tf.autograph.experimental.do_not_convert
+    def _record(self, args: Any) -> None:
+        signature = describe_arguments(args)
+        changes = _signature_changes(self._last_signature, signature, self.argument_name)
+        self._last_signature = signature
+        self.count += 1
+        if self.count >= RETRACE_WARNING_THRESHOLD and not self._warned:
+            self._warned = True
+            what = "; ".join(changes) if changes else "no argument changed (a new Python object or closure?)"
+            warnings.warn(
+                f"`{self.name}` has traced {self.count} times, which is slow. The last retrace "
+                f"saw a change in {what}. Keep shapes and dtypes stable "
+                "(e.g. `dataset.batch(..., drop_remainder=True)`), and pass changing Python "
+                "numbers as tensors.",
+                stacklevel=2,
+            )
+
+
+def _signature_changes(before: dict[str, str] | None, after: dict[str, str], argument_name: str) -> list[str]:
+    if before is None:
+        return []
+    changes = []
+    for path in sorted(set(before) | set(after)):
+        old, new = before.get(path, "missing"), after.get(path, "missing")
+        if old != new:
+            changes.append(f"{argument_name}{path}: {old} -> {new}")
+    return changes
+
+
+def batch_size_of(batch: Any) -> int | None:
+    """The leading dimension of a batch's first tensor, if known on the host."""
+    for value in tf.nest.flatten(batch):
+        shape = getattr(value, "shape", None)
+        if shape is not None and len(shape) > 0 and shape[0] is not None:
+            return int(shape[0])
+    return None
+
+
+class StepTimer:
+    """Times host calls; each call runs one or more training steps.
+
+    Call `begin_call()` before a host call and `end_call(...)` after its
+    outputs have been synced to the host.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets everything measured."""
+        self.first_call_s: float | None = None
+        self.step_times: list[float] = []
+        self.steady_seconds = 0.0
+        self.steady_examples = 0
+        self.steady_examples_known = True
+        self.steps = 0
+        self._start: float | None = None
+
+    def begin_call(self) -> None:
+        """Starts the clock for one host call."""
+        self._start = time.perf_counter()
+
+    def end_call(self, steps: int, examples: int | None, traced: bool) -> None:
+        """Stops the clock and files the call.
+
+        Args:
+            steps: Training steps the call ran.
+            examples: Examples those steps consumed, or None if unknown.
+            traced: Whether the step function traced during the call; such
+                calls are not steady state.
+        """
+        elapsed = time.perf_counter() - self._start
+        if steps <= 0:
+            return
+        self.steps += steps
+        if self.first_call_s is None:
+            self.first_call_s = elapsed
+            return
+        if traced:
+            return
+        self.step_times.append(elapsed / steps)
+        self.steady_seconds += elapsed
+        if examples is None:
+            self.steady_examples_known = False
+        else:
+            self.steady_examples += examples
+
+    def report(self, trace_count: int) -> TimingReport:
+        """Builds the report from what was measured."""
+        median = p90 = throughput = None
+        if self.step_times:
+            median = statistics.median(self.step_times)
+            p90 = float(np.percentile(self.step_times, 90))
+            if self.steady_examples_known and self.steady_seconds > 0:
+                throughput = self.steady_examples / self.steady_seconds
+        return TimingReport(
+            first_step_s=self.first_call_s,
+            step_time_median_s=median,
+            step_time_p90_s=p90,
+            examples_per_sec=throughput,
+            steps=self.steps,
+            trace_count=trace_count,
+        )
+
+
+class Timing(keras.callbacks.Callback):
+    """Keras callback that measures `model.fit` like `Trainer.fit` measures itself.
+
+    After training, `callback.report` is a `TimingReport`. Trace counting wraps
+    the model's `train_step` (the model's train function is rebuilt once for
+    that); examples are counted in the graph, so `examples_per_sec` is right
+    for partial batches and under a distribution strategy.
+
+    Example:
+        ```python
+        timing = tftrain.callbacks.Timing()
+        model.fit(dataset, epochs=2, callbacks=[timing])
+        print(timing.report.summary())
+        ```
+
+    Args:
+        verbose: If true, print the summary when training ends.
+    """
+
+    def __init__(self, verbose: bool = False):
+        super().__init__()
+        self.verbose = verbose
+        self.report: TimingReport | None = None
+        self._timer = StepTimer()
+        self._counter = TraceCounter("train_step", "data")
+        self._examples: tf.Variable | None = None
+        self._traces_at_call_start = 0
+        self._examples_at_call_start = 0
+
+    def set_model(self, model: keras.Model) -> None:
+        super().set_model(model)
+        if getattr(model, "_tftrain_timing_hook", None) is None:
+            original = model.train_step
+            hook = {"callback": None}
+
+            def train_step(data):
+                callback = hook["callback"]
+                if callback is not None:
+                    if not tf.executing_eagerly():
+                        callback._counter._record(data)
+                    size = tf.shape(tf.nest.flatten(data)[0])[0]
+                    callback._examples.assign_add(tf.cast(size, tf.int64))
+                return original(data)
+
+            model.train_step = train_step
+            model._tftrain_timing_hook = hook
+            # Keras caches the train function built from the old `train_step`.
+            model.train_function = None
+        with model.distribute_strategy.scope():
+            self._examples = tf.Variable(
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+        model._tftrain_timing_hook["callback"] = self
+
+    def on_train_begin(self, logs=None):
+        self._timer.reset()
+        self._counter.count = 0
+        self.report = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._traces_at_call_start = self._counter.count
+        self._examples_at_call_start = int(self._examples.numpy())
+        self._timer.begin_call()
+
+    def on_train_batch_end(self, batch, logs=None):
+        examples = int(self._examples.numpy())  # also syncs with the device
+        steps = int(self.model.steps_per_execution or 1)
+        self._timer.end_call(
+            steps=steps,
+            examples=examples - self._examples_at_call_start,
+            traced=self._counter.count != self._traces_at_call_start,
+        )
+
+    def on_train_end(self, logs=None):
+        self.report = self._timer.report(self._counter.count)
+        self.model._tftrain_timing_hook["callback"] = None
+        if self.verbose:
+            print(self.report.summary())

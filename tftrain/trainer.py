@@ -1,0 +1,395 @@
+"""`Trainer`: a lean custom training loop driven by Keras callbacks.
+
+The Trainer runs a training step under the engine chosen by its options
+(`tftrain.loops`), drives a `keras.callbacks.CallbackList` exactly where
+`model.fit` would, and times itself (`tftrain.timing`). The step is the
+model's own `train_step` (so a `keras.Model` or `tftrain.CustomModel` trains
+as under `model.fit`), or `Trainer.train_step` overridden in a subclass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tftrain import data as data_lib
+from tftrain import loops, timing
+from tftrain.model import CustomModel
+
+_DEFAULT_MODEL_STEPS = {
+    "train_step": (keras.Model.train_step, CustomModel.train_step),
+    "test_step": (keras.Model.test_step, CustomModel.test_step),
+}
+
+
+def _uses_default_step(model: keras.Model, name: str) -> bool:
+    return getattr(type(model), name) in _DEFAULT_MODEL_STEPS[name]
+
+
+def pythonify_logs(logs: dict[str, Any] | None) -> dict[str, Any]:
+    """Logs of tensors -> Python floats (scalars) or lists (anything else)."""
+    result = {}
+    for key, value in (logs or {}).items():
+        array = np.asarray(value)
+        result[key] = array.item() if array.ndim == 0 else array.tolist()
+    return result
+
+
+def _block_until_ready(logs: Any) -> None:
+    """Waits for a step's outputs, so the clock reads device time too."""
+    for value in tf.nest.flatten(logs):
+        if hasattr(value, "numpy"):
+            value.numpy()
+            return
+
+
+class Trainer:
+    """Trains a `keras.Model` with a custom loop: fast, measured, Keras-callback driven.
+
+    Two styles share this loop:
+
+    * Keras style: the model's own `train_step`/`test_step` run (any
+      `keras.Model`, or a `tftrain.CustomModel` with overridden pieces).
+    * Custom-loop style: subclass `Trainer` and override `train_step(batch)`
+      and `eval_step(batch)`, using `self.model` and `self.optimizer`; each
+      returns a dict of logs.
+
+    Example:
+        ```python
+        trainer = tftrain.Trainer(model, "adam", "sparse_categorical_crossentropy",
+                                  metrics=["accuracy"], steps_per_loop=20)
+        history = trainer.fit(train_ds, epochs=3, validation_data=val_ds)
+        print(trainer.timing.summary())
+        ```
+
+    Args:
+        model: Any `keras.Model`.
+        optimizer: As in `keras.Model.compile` (name or instance). If any of
+            `optimizer`, `loss`, `metrics` is given, the model is compiled with
+            them; otherwise it is used as compiled (or uncompiled, if its own
+            `train_step` does not need `compile`).
+        loss: As in `compile`.
+        metrics: As in `compile`.
+        use_tf_function: Run steps in `tf.function` (True) or eagerly (False).
+        jit_compile: Compile steps with XLA.
+        steps_per_loop: Training steps per host call (a `tf.while_loop` over the
+            iterator inside one `tf.function` when above 1). Batch callbacks
+            fire once per host call, as with Keras's `steps_per_execution`.
+        strategy: The `tf.distribute.Strategy` to run under; None means the
+            current one.
+        measure_timing: Time every host call (one host sync per call) and
+            build `trainer.timing`. Trace counting is always on.
+
+    Raises:
+        TypeError: `model` is not a `keras.Model`, or an option has the wrong type.
+        ValueError: an option has a bad value.
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        optimizer: Any = None,
+        loss: Any = None,
+        metrics: Any = None,
+        *,
+        use_tf_function: bool = True,
+        jit_compile: bool = False,
+        steps_per_loop: int = 1,
+        strategy: tf.distribute.Strategy | None = None,
+        measure_timing: bool = True,
+    ):
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                "Invalid value for argument `model`. Received: an object of type "
+                f"{type(model).__name__}. Expected a keras.Model (Sequential, functional, "
+                "a subclass, or a tftrain.CustomModel)."
+            )
+        self.options = loops.EngineOptions(
+            use_tf_function=use_tf_function,
+            jit_compile=jit_compile,
+            steps_per_loop=steps_per_loop,
+        )
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.model = model
+        self.measure_timing = bool(measure_timing)
+        if optimizer is not None or loss is not None or metrics is not None:
+            with self.strategy.scope():
+                model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
+        self.timing: timing.TimingReport | None = None
+        self._train_loop: loops.StepLoop | None = None
+        self._eval_loop: loops.StepLoop | None = None
+
+    # ----------------------------------------------------------------- steps
+
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer:
+        """The model's optimizer (raises a clear error if there is none)."""
+        if self.model.optimizer is None:
+            raise ValueError(
+                "This training step needs an optimizer, but the model has none. Pass "
+                "`optimizer=` to `tftrain.Trainer(...)` or call `model.compile(optimizer=...)`."
+            )
+        return self.model.optimizer
+
+    @property
+    def metrics(self) -> list[keras.metrics.Metric]:
+        """The model's metrics plus any `keras.metrics.Metric` attributes of the trainer."""
+        own = [value for value in vars(self).values() if isinstance(value, keras.metrics.Metric)]
+        return list(self.model.metrics) + own
+
+    def reset_metrics(self) -> None:
+        """Resets every metric in `self.metrics` (done at each epoch start)."""
+        for metric in self.metrics:
+            metric.reset_state()
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """One training step. By default the model's own `train_step(batch)`.
+
+        Override in a subclass for the custom-loop style; return a dict of logs.
+        """
+        return self.model.train_step(batch)
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """One evaluation step. By default the model's own `test_step(batch)`."""
+        return self.model.test_step(batch)
+
+    def _overrides(self, name: str) -> bool:
+        return getattr(type(self), name) is not getattr(Trainer, name)
+
+    def _check_model_step(self, trainer_step: str, model_step: str) -> None:
+        """Before any step runs: the default steps need a compiled model (and optimizer)."""
+        if self._overrides(trainer_step) or not _uses_default_step(self.model, model_step):
+            return
+        if not self.model.compiled:
+            raise ValueError(
+                f"The model is not compiled, and its default `{model_step}` needs a loss"
+                f"{' and an optimizer' if model_step == 'train_step' else ''}. Pass "
+                "`optimizer=` and `loss=` to `tftrain.Trainer(...)`, call `model.compile(...)`, "
+                f"or override `{model_step}` (tftrain.CustomModel) or `Trainer.{trainer_step}`."
+            )
+        if model_step == "train_step" and self.model.optimizer is None:
+            raise ValueError(
+                "The model was compiled without an optimizer, and its default `train_step` "
+                "needs one. Pass `optimizer=` to `tftrain.Trainer(...)` or to `model.compile`."
+            )
+
+    def _build(self, dataset: tf.data.Dataset) -> None:
+        """Creates model, metric and optimizer variables before the first trace.
+
+        Creating them inside the first `tf.function` call would trace it twice.
+        Keras's own symbolic build (what `fit` uses) does this for compiled
+        models with default steps; otherwise the optimizer is built if it can be.
+        """
+        model = self.model
+        with self.strategy.scope():
+            default_steps = not self._overrides("train_step") and _uses_default_step(model, "train_step")
+            if default_steps and model.compiled and hasattr(model, "_symbolic_build"):
+                model._symbolic_build(data_batch=dataset.element_spec)
+            elif model.built and model.optimizer is not None and not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+
+    def _loop(self, kind: str) -> loops.StepLoop:
+        if kind == "train":
+            if self._train_loop is None:
+                self._train_loop = loops.make_loop(self.train_step, self.options, self.strategy, "train_step")
+            return self._train_loop
+        if self._eval_loop is None:
+            self._eval_loop = loops.make_loop(self.eval_step, self.options, self.strategy, "eval_step")
+        return self._eval_loop
+
+    def _distribute(self, dataset: tf.data.Dataset):
+        if self.strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+            return iter
+        return lambda ds: iter(self.strategy.experimental_distribute_dataset(ds))
+
+    # ------------------------------------------------------------------- fit
+
+    def fit(
+        self,
+        train_data: Any,
+        *,
+        epochs: int = 1,
+        steps_per_epoch: int | None = None,
+        validation_data: Any = None,
+        validation_steps: int | None = None,
+        callbacks: list[keras.callbacks.Callback] | None = None,
+        verbose: int | str = "auto",
+        batch_size: int | None = None,
+    ) -> keras.callbacks.History:
+        """Trains the model.
+
+        Args:
+            train_data: A batched `tf.data.Dataset`, or arrays `(x, y)` /
+                `(x, y, sample_weight)` (batched by `batch_size` and shuffled
+                each epoch, as `model.fit` does).
+            epochs: Number of epochs (>= 0).
+            steps_per_epoch: Steps per epoch; None means one pass over the data.
+                Required for a dataset that repeats forever.
+            validation_data: Evaluated after each epoch; logs get a `val_` prefix.
+            validation_steps: Steps per validation; None means one pass.
+            callbacks: Keras callbacks.
+            verbose: 0 silent; 1 or "auto" a progress bar per epoch and a timing
+                summary at the end; 2 one line per epoch.
+            batch_size: Batch size for array inputs (default 32).
+
+        Returns:
+            The `keras.callbacks.History` (also `self.model.history`).
+
+        Raises:
+            TypeError, ValueError: bad input, raised before any step runs.
+        """
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ValueError(
+                f"Invalid value for argument `epochs`. Received: epochs={epochs!r}. Expected an integer >= 0."
+            )
+        verbose = _check_verbose(verbose)
+        self._check_model_step("train_step", "train_step")
+        dataset = data_lib.as_dataset(train_data, argument="train_data", batch_size=batch_size, shuffle=True)
+        plan = data_lib.EpochPlan(
+            dataset, steps_per_epoch, "train_data", make_iterator=self._distribute(dataset)
+        )
+        val_plan = None
+        if validation_data is not None:
+            self._check_model_step("eval_step", "test_step")
+            val_dataset = data_lib.as_dataset(
+                validation_data, argument="validation_data", batch_size=batch_size
+            )
+            val_plan = data_lib.EpochPlan(
+                val_dataset,
+                validation_steps,
+                "validation_data",
+                "validation_steps",
+                make_iterator=self._distribute(val_dataset),
+            )
+        self._build(dataset)
+
+        callback_list = keras.callbacks.CallbackList(
+            callbacks,
+            add_history=True,
+            add_progbar=verbose != 0,
+            model=self.model,
+            verbose=verbose,
+            epochs=epochs,
+            steps=plan.steps,
+        )
+        train_loop = self._loop("train")
+        traces_at_start = train_loop.trace_counter.count
+        timer = timing.StepTimer()
+        self.model.stop_training = False
+        epoch_logs: dict[str, Any] = {}
+        callback_list.on_train_begin()
+        for epoch in range(epochs):
+            self.reset_metrics()
+            callback_list.on_epoch_begin(epoch)
+            logs = self._run_pass(
+                plan,
+                train_loop,
+                callback_list.on_train_batch_begin,
+                callback_list.on_train_batch_end,
+                timer if self.measure_timing else None,
+                stoppable=True,
+            )
+            epoch_logs = pythonify_logs(logs)
+            if val_plan is not None and not self.model.stop_training:
+                val_logs = self._run_evaluation(val_plan, callback_list)
+                epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
+            callback_list.on_epoch_end(epoch, epoch_logs)
+            if self.model.stop_training:
+                break
+        callback_list.on_train_end(logs=epoch_logs)
+        self.timing = timer.report(train_loop.trace_counter.count - traces_at_start)
+        if verbose and self.measure_timing:
+            print(f"tftrain timing ({self.options.name}):\n{self.timing.summary()}")
+        return self.model.history
+
+    def _run_pass(
+        self,
+        plan: data_lib.EpochPlan,
+        step_loop: loops.StepLoop,
+        on_batch_begin,
+        on_batch_end,
+        timer: timing.StepTimer | None = None,
+        stoppable: bool = False,
+    ) -> dict[str, Any] | None:
+        """Runs one epoch (or one evaluation) of host calls; returns the last logs."""
+        iterator = plan.begin_epoch()
+        target = plan.steps
+        step, logs, data_ended = 0, None, False
+        while target is None or step < target:
+            wanted = self.options.steps_per_loop
+            if target is not None:
+                wanted = min(wanted, target - step)
+            on_batch_begin(step)
+            traces_before = step_loop.trace_counter.count
+            if timer is not None:
+                timer.begin_call()
+            ran, examples, step_logs = step_loop(iterator, wanted)
+            if timer is not None:
+                _block_until_ready(step_logs)
+                timer.end_call(ran, examples, traced=step_loop.trace_counter.count != traces_before)
+            if ran:
+                step += ran
+                logs = step_logs
+                on_batch_end(step - 1, logs)
+            if ran < wanted:
+                data_ended = True
+                break
+            if stoppable and self.model.stop_training:
+                break
+        plan.end_epoch(step, data_ended)
+        return logs
+
+    # -------------------------------------------------------------- evaluate
+
+    def evaluate(
+        self,
+        data: Any,
+        *,
+        steps: int | None = None,
+        callbacks: list[keras.callbacks.Callback] | None = None,
+        batch_size: int | None = None,
+    ) -> dict[str, float]:
+        """Evaluates the model with `eval_step` over `data`.
+
+        Args:
+            data: A batched `tf.data.Dataset` or arrays `(x, y)`.
+            steps: Steps to run; None means one pass over the data.
+            callbacks: Keras callbacks (their `on_test_*` hooks run).
+            batch_size: Batch size for array inputs (default 32).
+
+        Returns:
+            The logs of the last step as Python floats, e.g. `{"loss": 0.3}`.
+        """
+        self._check_model_step("eval_step", "test_step")
+        dataset = data_lib.as_dataset(data, argument="data", batch_size=batch_size)
+        plan = data_lib.EpochPlan(dataset, steps, "data", "steps", make_iterator=self._distribute(dataset))
+        self._build(dataset)
+        callback_list = keras.callbacks.CallbackList(callbacks, model=self.model, steps=plan.steps)
+        return self._run_evaluation(plan, callback_list)
+
+    def _run_evaluation(self, plan: data_lib.EpochPlan, callback_list) -> dict[str, float]:
+        self.reset_metrics()
+        callback_list.on_test_begin()
+        logs = self._run_pass(
+            plan,
+            self._loop("eval"),
+            callback_list.on_test_batch_begin,
+            callback_list.on_test_batch_end,
+        )
+        results = pythonify_logs(logs)
+        callback_list.on_test_end(results)
+        return results
+
+
+def _check_verbose(verbose: int | str) -> int:
+    if verbose == "auto":
+        return 1
+    if verbose in (0, 1, 2) and not isinstance(verbose, bool):
+        return int(verbose)
+    raise ValueError(
+        f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. "
+        'Expected 0 (silent), 1 (progress bar), 2 (one line per epoch) or "auto".'
+    )
