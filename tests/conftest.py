@@ -1,0 +1,40 @@
+"""Shared test setup: quiet TensorFlow, tiny data, fresh seeds."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Engines every step must run under: (name, Trainer keyword arguments).
+ENGINES = {
+    "eager": dict(use_tf_function=False),
+    "graph": dict(),
+    "xla": dict(jit_compile=True),
+    "loop3": dict(steps_per_loop=3),
+    "xla_loop3": dict(jit_compile=True, steps_per_loop=3),
+}
+
+
+@pytest.fixture(params=sorted(ENGINES), ids=sorted(ENGINES))
+def engine(request):
+    """Trainer keyword arguments for each engine."""
+    return ENGINES[request.param]
+
+
+@pytest.fixture
+def tiny_data():
+    """(x, y): 50 examples of 6 features, 3 classes, learnable."""
+    rng = np.random.RandomState(0)
+    x = rng.rand(50, 6).astype("float32")
+    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
+    return x, y
+
+
+@pytest.fixture
+def tiny_dataset(tiny_data):
+    """The tiny data as a dataset of batches of 8 (the last batch has 2)."""
+    return tf.data.Dataset.from_tensor_slices(tiny_data).batch(8)

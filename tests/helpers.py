@@ -1,0 +1,26 @@
+"""Helpers shared by tests (importable as `helpers`: setup.cfg puts tests/ on the path)."""
+
+import keras
+import numpy as np
+
+
+def make_mlp(seed: int = 1) -> keras.Model:
+    """A small seeded classifier: 6 -> 8 -> 3 logits."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)]
+    )
+
+
+def compile_args():
+    """Optimizer, loss and metrics, fresh each call."""
+    return dict(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+
+
+def max_weight_difference(a: keras.Model, b: keras.Model) -> float:
+    """Largest absolute difference between two models' weights."""
+    return max(float(np.abs(x - y).max()) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
