@@ -15,6 +15,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+# Keras has no public name for the functional model class; it is needed to
+# build functional CustomModels without Keras rewriting CustomModel's bases.
+from keras.src.models.functional import Functional
+
 
 def _unscale_loss_for_distribution(loss: tf.Tensor) -> tf.Tensor:
     """Undoes Keras's `1 / num_replicas` loss scaling for reporting.
@@ -26,6 +30,15 @@ def _unscale_loss_for_distribution(loss: tf.Tensor) -> tf.Tensor:
     if replicas > 1:
         loss = loss * tf.cast(replicas, loss.dtype)
     return loss
+
+
+def _functional_arguments(args: tuple, kwargs: dict) -> bool:
+    """Whether constructor arguments are `(inputs, outputs)` (as Keras decides)."""
+    return (
+        len(args) == 2
+        or (len(args) == 1 and "outputs" in kwargs)
+        or ("inputs" in kwargs and "outputs" in kwargs)
+    )
 
 
 class CustomModel(keras.Model):
@@ -49,6 +62,25 @@ class CustomModel(keras.Model):
                 return [tf.clip_by_norm(g, 1.0) for g in grads]
         ```
     """
+
+    # Called with `(inputs, outputs)`, `keras.Model.__init__` rewrites the
+    # `__bases__` of every class between the model and `keras.Model`, which
+    # would turn CustomModel itself functional for the rest of the process
+    # (breaking every subclassed CustomModel). Instead, the user's class gets
+    # the functional twin `FunctionalCustomModel` as its base.
+    def __new__(cls, *args, **kwargs):
+        if cls is CustomModel and _functional_arguments(args, kwargs):
+            cls = FunctionalCustomModel
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        if not _functional_arguments(args, kwargs):
+            super().__init__(*args, **kwargs)
+            return
+        if not isinstance(self, Functional):
+            _attach_functional_twin(type(self))
+        # The next class after CustomModel in the MRO is now Functional.
+        super().__init__(*args, **kwargs)
 
     def unpack_batch(self, data: Any) -> tuple[Any, Any, Any]:
         """Splits a batch into `(x, y, sample_weight)`; missing parts are None."""
@@ -111,3 +143,16 @@ class CustomModel(keras.Model):
         loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
         self.track_loss(loss, x)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+class FunctionalCustomModel(CustomModel, Functional):
+    """CustomModel built from `(inputs, outputs)`: CustomModel's steps, Functional's graph."""
+
+
+def _attach_functional_twin(cls: type) -> None:
+    """Makes `cls` functional by replacing `CustomModel` with its functional twin in its bases."""
+    for klass in cls.__mro__:
+        if CustomModel in klass.__bases__ and klass is not FunctionalCustomModel:
+            klass.__bases__ = tuple(
+                FunctionalCustomModel if base is CustomModel else base for base in klass.__bases__
+            )

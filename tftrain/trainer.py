@@ -127,7 +127,7 @@ class Trainer:
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
         """The model's optimizer (raises a clear error if there is none)."""
-        if self.model.optimizer is None:
+        if getattr(self.model, "optimizer", None) is None:
             raise ValueError(
                 "This training step needs an optimizer, but the model has none. Pass "
                 "`optimizer=` to `tftrain.Trainer(...)` or call `model.compile(optimizer=...)`."
@@ -170,7 +170,7 @@ class Trainer:
                 "`optimizer=` and `loss=` to `tftrain.Trainer(...)`, call `model.compile(...)`, "
                 f"or override `{model_step}` (tftrain.CustomModel) or `Trainer.{trainer_step}`."
             )
-        if model_step == "train_step" and self.model.optimizer is None:
+        if model_step == "train_step" and getattr(self.model, "optimizer", None) is None:
             raise ValueError(
                 "The model was compiled without an optimizer, and its default `train_step` "
                 "needs one. Pass `optimizer=` to `tftrain.Trainer(...)` or to `model.compile`."
@@ -188,7 +188,7 @@ class Trainer:
             default_steps = not self._overrides("train_step") and _uses_default_step(model, "train_step")
             if default_steps and model.compiled and hasattr(model, "_symbolic_build"):
                 model._symbolic_build(data_batch=dataset.element_spec)
-            elif model.built and model.optimizer is not None and not model.optimizer.built:
+            elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
 
     def _loop(self, kind: str) -> loops.StepLoop:

@@ -1,0 +1,350 @@
+"""Trainer: every engine trains like model.fit; callbacks, history, styles, bad input."""
+
+import csv
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import compile_args, make_mlp, max_weight_difference
+
+import tftrain
+from tftrain import Trainer
+
+
+def fit_reference(dataset, epochs=2, **fit_kwargs):
+    model = make_mlp()
+    model.compile(**compile_args())
+    history = model.fit(dataset, epochs=epochs, verbose=0, **fit_kwargs)
+    return model, history
+
+
+def test_every_engine_matches_model_fit(engine, tiny_dataset):
+    reference, ref_history = fit_reference(tiny_dataset)
+    model = make_mlp()
+    trainer = Trainer(model, **compile_args(), **engine)
+    history = trainer.fit(tiny_dataset, epochs=2, verbose=0)
+    assert max_weight_difference(model, reference) < 1e-5
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history.history["accuracy"], ref_history.history["accuracy"], rtol=1e-5)
+    assert int(model.optimizer.iterations) == 14
+
+
+def test_custom_model_same_under_fit_and_trainer(engine, tiny_dataset):
+    class Clipped(tftrain.CustomModel):
+        def compute_gradients(self, tape, loss):
+            return [tf.clip_by_value(g, -0.05, 0.05) for g in super().compute_gradients(tape, loss)]
+
+    def build():
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, activation="relu")(inputs)
+        return Clipped(inputs, keras.layers.Dense(3)(hidden))
+
+    reference = build()
+    reference.compile(**compile_args())
+    reference.fit(tiny_dataset, epochs=2, verbose=0)
+    model = build()
+    model.compile(**compile_args())
+    Trainer(model, **engine).fit(tiny_dataset, epochs=2, verbose=0)
+    assert max_weight_difference(model, reference) < 1e-5
+
+
+def test_history_has_validation_logs_and_evaluate_returns_floats(tiny_dataset):
+    model = make_mlp()
+    trainer = Trainer(model, **compile_args())
+    history = trainer.fit(tiny_dataset, epochs=2, validation_data=tiny_dataset, verbose=0)
+    assert isinstance(history, keras.callbacks.History)
+    assert set(history.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert len(history.history["val_loss"]) == 2
+    logs = trainer.evaluate(tiny_dataset)
+    assert set(logs) == {"loss", "accuracy"}
+    assert all(type(value) is float for value in logs.values())
+    assert logs["loss"] == pytest.approx(history.history["val_loss"][-1], rel=1e-6)
+
+
+def test_metrics_reset_each_epoch(tiny_dataset):
+    seen = []
+    model = make_mlp()
+    trainer = Trainer(model, **compile_args())
+    probe = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: seen.append(float(model.metrics[0].count))
+    )
+    trainer.fit(tiny_dataset, epochs=3, verbose=0, callbacks=[probe])
+    assert seen == [0.0, 0.0, 0.0]
+
+
+def test_numpy_inputs_like_fit(tiny_data):
+    x, y = tiny_data
+    model = make_mlp()
+    history = Trainer(model, **compile_args()).fit((x, y), epochs=1, batch_size=10, verbose=0)
+    assert int(model.optimizer.iterations) == 5
+    assert history.history["loss"][0] > 0
+
+
+def test_steps_per_epoch_continues_iterator_like_fit(tiny_dataset):
+    repeated = tiny_dataset.repeat()
+    reference, _ = fit_reference(repeated, epochs=3, steps_per_epoch=4)
+    model = make_mlp()
+    Trainer(model, **compile_args(), steps_per_loop=3).fit(repeated, epochs=3, steps_per_epoch=4, verbose=0)
+    assert int(model.optimizer.iterations) == 12
+    assert max_weight_difference(model, reference) < 1e-5
+
+
+def test_unknown_cardinality_dataset_trains_full_pass(tiny_dataset, engine):
+    filtered = tiny_dataset.filter(lambda x, y: tf.shape(x)[0] > 0)
+    assert int(filtered.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    model = make_mlp()
+    Trainer(model, **compile_args(), **engine).fit(filtered, epochs=2, verbose=0)
+    assert int(model.optimizer.iterations) == 14
+
+
+# ------------------------------------------------------------------ callbacks
+
+
+def test_batch_hooks_fire_once_per_loop(tiny_dataset):
+    batches = []
+    hook = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: batches.append(batch))
+    Trainer(make_mlp(), **compile_args(), steps_per_loop=3).fit(
+        tiny_dataset, epochs=1, verbose=0, callbacks=[hook]
+    )
+    # 7 batches in loops of 3, 3, 1: hooks report the last step of each loop.
+    assert batches == [2, 5, 6]
+
+
+def test_early_stopping_and_stop_training(tiny_dataset):
+    stopper = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=100.0)
+    history = Trainer(make_mlp(), **compile_args()).fit(
+        tiny_dataset, epochs=10, verbose=0, callbacks=[stopper]
+    )
+    assert len(history.history["loss"]) == 2
+
+    class StopAtBatch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                self.model.stop_training = True
+
+    model = make_mlp()
+    Trainer(model, **compile_args()).fit(tiny_dataset, epochs=5, verbose=0, callbacks=[StopAtBatch()])
+    assert int(model.optimizer.iterations) == 3
+
+
+def test_reduce_lr_on_plateau_changes_optimizer(tiny_dataset):
+    model = make_mlp()
+    reducer = keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=100.0)
+    Trainer(model, **compile_args()).fit(tiny_dataset, epochs=3, verbose=0, callbacks=[reducer])
+    # Epoch 0 sets the first best value; epochs 1 and 2 cannot improve by 100.
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.01 * 0.5**2)
+
+
+def test_csv_logger_writes_epochs(tiny_dataset, tmp_path):
+    path = tmp_path / "log.csv"
+    Trainer(make_mlp(), **compile_args()).fit(
+        tiny_dataset,
+        epochs=2,
+        validation_data=tiny_dataset,
+        verbose=0,
+        callbacks=[keras.callbacks.CSVLogger(str(path))],
+    )
+    rows = list(csv.DictReader(path.open()))
+    assert [row["epoch"] for row in rows] == ["0", "1"]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(rows[0])
+
+
+def test_terminate_on_nan(tiny_data):
+    x, y = tiny_data
+    targets = np.eye(3, dtype="float32")[y]
+    targets[20] = np.nan
+    model = make_mlp()
+    trainer = Trainer(model, keras.optimizers.SGD(0.01), "mse")
+    trainer.fit(
+        (x, targets), epochs=3, batch_size=10, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]
+    )
+    assert int(model.optimizer.iterations) < 15
+
+
+def test_test_hooks_run_during_validation(tiny_dataset):
+    events = []
+    hook = keras.callbacks.LambdaCallback(
+        on_test_begin=lambda logs: events.append("begin"),
+        on_test_end=lambda logs: events.append(("end", sorted(logs))),
+    )
+    Trainer(make_mlp(), **compile_args()).fit(
+        tiny_dataset, epochs=1, validation_data=tiny_dataset, verbose=0, callbacks=[hook]
+    )
+    assert events == ["begin", ("end", ["accuracy", "loss"])]
+
+
+# --------------------------------------------------------------- step styles
+
+
+class MeanSquaredTrainer(Trainer):
+    """The custom-loop style: own train/eval steps and own metric."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(model, optimizer=keras.optimizers.SGD(0.1), **kwargs)
+        self.loss_metric = keras.metrics.Mean(name="mse")
+
+    def train_step(self, batch):
+        x, y = batch
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self.model(x, training=True)[:, 0] - y))
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply(grads, self.model.trainable_variables)
+        self.loss_metric.update_state(loss)
+        return {"mse": self.loss_metric.result()}
+
+    def eval_step(self, batch):
+        x, y = batch
+        self.loss_metric.update_state(tf.reduce_mean(tf.square(self.model(x)[:, 0] - y)))
+        return {"mse": self.loss_metric.result()}
+
+
+def regression_dataset():
+    rng = np.random.RandomState(1)
+    x = rng.rand(40, 6).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(1))).batch(8)
+
+
+def test_trainer_subclass_custom_loop(engine):
+    dataset = regression_dataset()
+    results = []
+    for kwargs in (dict(use_tf_function=False), engine):
+        model = make_mlp()
+        trainer = MeanSquaredTrainer(model, **kwargs)
+        history = trainer.fit(dataset, epochs=3, validation_data=dataset, verbose=0)
+        results.append((model, history.history))
+    (eager_model, eager_logs), (model, logs) = results
+    assert logs["mse"][-1] < logs["mse"][0]
+    assert set(logs) == {"mse", "val_mse"}
+    assert max_weight_difference(model, eager_model) < 1e-5
+
+
+def test_eager_engine_runs_python_in_step(capsys):
+    class Printing(MeanSquaredTrainer):
+        def train_step(self, batch):
+            print("step with numpy", batch[0].numpy().shape)
+            return super().train_step(batch)
+
+    Printing(make_mlp(), use_tf_function=False).fit(regression_dataset(), epochs=1, verbose=0)
+    assert capsys.readouterr().out.count("step with numpy (8, 6)") == 5
+
+
+class TwoOptimizerModel(tftrain.CustomModel):
+    """A GAN-like model: its own compile with two optimizers, no Keras optimizer."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = keras.layers.Dense(1)
+        self.second = keras.layers.Dense(1)
+        self.gap = keras.metrics.Mean(name="gap")
+
+    def call(self, x):
+        return self.first(x) + self.second(x)
+
+    def compile(self, first_optimizer, second_optimizer):
+        super().compile()
+        self.first_optimizer = first_optimizer
+        self.second_optimizer = second_optimizer
+
+    def train_step(self, data):
+        x, y = data
+        for layer, optimizer in ((self.first, self.first_optimizer), (self.second, self.second_optimizer)):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(self(x)[:, 0] - y))
+            optimizer.apply(tape.gradient(loss, layer.trainable_variables), layer.trainable_variables)
+        self.gap.update_state(loss)
+        return {"gap": self.gap.result()}
+
+
+def test_model_with_own_optimizers_needs_no_trainer_optimizer():
+    model = TwoOptimizerModel()
+    model.compile(keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.05))
+    history = Trainer(model).fit(regression_dataset(), epochs=3, verbose=0)
+    assert history.history["gap"][-1] < history.history["gap"][0]
+    assert int(model.first_optimizer.iterations) == 15
+
+
+def test_verbose_prints_progress_and_timing(tiny_dataset, capsys):
+    Trainer(make_mlp(), **compile_args()).fit(tiny_dataset, epochs=1, verbose=1)
+    out = capsys.readouterr().out
+    assert "7/7" in out
+    assert "tftrain timing (graph)" in out and "step time median" in out
+
+
+def test_timing_report_after_fit(tiny_dataset):
+    trainer = Trainer(make_mlp(), **compile_args(), steps_per_loop=3)
+    trainer.fit(tiny_dataset, epochs=2, verbose=0)
+    report = trainer.timing
+    assert report.steps == 14
+    assert report.trace_count == 1
+    assert report.first_step_s > 0 and report.step_time_median_s > 0
+    assert report.examples_per_sec > 0
+
+    untimed = Trainer(make_mlp(), **compile_args(), measure_timing=False)
+    untimed.fit(tiny_dataset, epochs=1, verbose=0)
+    assert untimed.timing.steps == 0 and untimed.timing.first_step_s is None
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        (dict(epochs=-1), ValueError, "epochs=-1"),
+        (dict(steps_per_epoch=0), ValueError, "steps_per_epoch=0"),
+        (dict(steps_per_epoch=8), ValueError, "only 7 batches"),
+        (dict(verbose=3), ValueError, "verbose=3"),
+    ],
+)
+def test_bad_fit_arguments_fail_before_any_step(tiny_dataset, kwargs, error, fragment):
+    model = make_mlp()
+    trainer = Trainer(model, **compile_args())
+    with pytest.raises(error, match=fragment):
+        trainer.fit(tiny_dataset, **kwargs)
+    assert int(model.optimizer.iterations) == 0
+
+
+@pytest.mark.parametrize(
+    "data, error, fragment",
+    [
+        (tf.data.Dataset.from_tensor_slices(np.zeros((0, 6), "float32")).batch(4), ValueError, "empty"),
+        (
+            tf.data.Dataset.from_tensor_slices(np.zeros((4, 6), "float32")).batch(4).repeat(),
+            ValueError,
+            "forever",
+        ),
+        ("not data", TypeError, "train_data"),
+        ([1, 2, 3], TypeError, "Expected a tf.data.Dataset"),
+    ],
+)
+def test_bad_train_data(data, error, fragment):
+    with pytest.raises(error, match=fragment):
+        Trainer(make_mlp(), **compile_args()).fit(data, verbose=0)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(TypeError, match="keras.Model"):
+        Trainer("model")
+    with pytest.raises(ValueError, match="steps_per_loop=0"):
+        Trainer(make_mlp(), steps_per_loop=0)
+    with pytest.raises(ValueError, match="use_tf_function=True"):
+        Trainer(make_mlp(), use_tf_function=False, jit_compile=True)
+
+
+def test_model_without_optimizer_fails_clearly(tiny_dataset):
+    uncompiled = make_mlp()
+    with pytest.raises(ValueError, match="not compiled"):
+        Trainer(uncompiled).fit(tiny_dataset, verbose=0)
+    no_optimizer = make_mlp()
+    no_optimizer.compile(optimizer=None, loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match="without an optimizer"):
+        Trainer(no_optimizer).fit(tiny_dataset, verbose=0)
+
+    class NeedsOptimizer(Trainer):
+        def train_step(self, batch):
+            return {"lr": self.optimizer.learning_rate}
+
+    with pytest.raises(ValueError, match="needs an optimizer"):
+        NeedsOptimizer(make_mlp()).fit(tiny_dataset, verbose=0)
