@@ -81,10 +81,18 @@ def _reduce_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
     return tf.nest.map_structure(reduce, outputs)
 
 
-def _examples_in(batch: Any) -> tf.Tensor:
-    """In-graph count of the examples in a batch (its first tensor's rows)."""
+def _examples_in(batch: Any, strategy: tf.distribute.Strategy) -> tf.Tensor:
+    """In-graph count of the examples in a batch (its first tensor's rows, all local replicas)."""
     first = tf.nest.flatten(batch)[0]
-    return tf.cast(tf.shape(first)[0], tf.int64)
+    parts = strategy.experimental_local_results(first)
+    return tf.add_n([tf.cast(tf.shape(part)[0], tf.int64) for part in parts])
+
+
+def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None:
+    """Examples in a batch as known on the host (all local replicas), or None."""
+    first = tf.nest.flatten(batch)[0]
+    sizes = [timing.batch_size_of(part) for part in strategy.experimental_local_results(first)]
+    return None if None in sizes else sum(sizes)
 
 
 class StepLoop:
@@ -96,11 +104,18 @@ class StepLoop:
         in_graph: Whether the steps of one call run inside one `tf.function`.
     """
 
-    def __init__(self, step: StepFn, trace_counter: timing.TraceCounter, in_graph: bool):
+    def __init__(
+        self,
+        step: StepFn,
+        trace_counter: timing.TraceCounter,
+        in_graph: bool,
+        strategy: tf.distribute.Strategy,
+    ):
         self.step = step
         self.trace_counter = trace_counter
         self.in_graph = in_graph
-        self._graph_loop = _make_graph_loop(step) if in_graph else None
+        self.strategy = strategy
+        self._graph_loop = _make_graph_loop(step, strategy) if in_graph else None
         self._num_steps_cache: dict[int, tf.Tensor] = {}
 
     def __call__(self, iterator: Iterator[Any], num_steps: int) -> tuple[int, int | None, Any]:
@@ -116,7 +131,7 @@ class StepLoop:
             (None if no step ran).
         """
         if self._graph_loop is None:
-            return _host_loop(self.step, iterator, num_steps)
+            return _host_loop(self.step, iterator, num_steps, self.strategy)
         # A cached tensor: passing a fresh Python int would retrace each call.
         count = self._num_steps_cache.get(num_steps)
         if count is None:
@@ -128,7 +143,7 @@ class StepLoop:
         return steps, int(examples), optional_logs.get_value()
 
 
-def _host_loop(step: StepFn, iterator: Iterator[Any], num_steps: int):
+def _host_loop(step: StepFn, iterator: Iterator[Any], num_steps: int, strategy: tf.distribute.Strategy):
     steps, examples, logs = 0, 0, None
     for _ in range(num_steps):
         try:
@@ -137,12 +152,12 @@ def _host_loop(step: StepFn, iterator: Iterator[Any], num_steps: int):
             break
         logs = step(batch)
         steps += 1
-        size = timing.batch_size_of(batch)
+        size = _host_batch_size(batch, strategy)
         examples = None if examples is None or size is None else examples + size
     return steps, examples, logs
 
 
-def _make_graph_loop(step: StepFn):
+def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
     """A `tf.function` that runs up to `num_steps` steps of `step`.
 
     Batches come from `iterator.get_next_as_optional()`, so a final partial
@@ -172,7 +187,7 @@ def _make_graph_loop(step: StepFn):
             )
             return (
                 i + 1,
-                examples + _examples_in(batch),
+                examples + _examples_in(batch, strategy),
                 tf.experimental.Optional.from_value(logs),
                 following,
             )
@@ -225,4 +240,4 @@ def make_loop(
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
     in_graph = options.use_tf_function and options.steps_per_loop > 1
-    return StepLoop(step, counter, in_graph)
+    return StepLoop(step, counter, in_graph, strategy)

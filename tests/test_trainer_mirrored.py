@@ -1,0 +1,58 @@
+"""The Trainer under MirroredStrategy on 2 logical CPUs equals one device (fresh process)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import json
+    import keras, numpy as np, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import tftrain
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.RandomState(0)
+    x = rng.rand(64, 6).astype("float32")
+    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+    def build():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.1),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    reference = build()
+    tftrain.Trainer(reference).fit(dataset, epochs=2, verbose=0)
+    results = {}
+    for name, kwargs in {"graph": {}, "loop2": {"steps_per_loop": 2}}.items():
+        with strategy.scope():
+            model = build()
+        trainer = tftrain.Trainer(model, strategy=strategy, **kwargs)
+        trainer.fit(dataset, epochs=2, verbose=0)
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights()))
+        results[name] = {"diff": diff, "steps": trainer.timing.steps,
+                         "examples_per_sec": trainer.timing.examples_per_sec}
+    print("RESULT" + json.dumps(results))
+    """
+)
+
+
+def test_mirrored_two_replicas_match_one_device():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
+    results = json.loads(line[len("RESULT") :])
+    for name, result in results.items():
+        assert result["diff"] < 1e-5, name
+        assert result["steps"] == 8, name
+        assert result["examples_per_sec"] > 0, name
