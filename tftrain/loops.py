@@ -91,6 +91,8 @@ def _examples_in(batch: Any, strategy: tf.distribute.Strategy) -> tf.Tensor:
 def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None:
     """Examples in a batch as known on the host (all local replicas), or None."""
     first = tf.nest.flatten(batch)[0]
+    if not isinstance(first, tf.distribute.DistributedValues):
+        return timing.batch_size_of(first)
     sizes = [timing.batch_size_of(part) for part in strategy.experimental_local_results(first)]
     return None if None in sizes else sum(sizes)
 
