@@ -52,13 +52,16 @@ def _batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str):
     """
     base = keras.callbacks.Callback
     names = _BATCH_HOOKS[kind]
-    if any(
-        getattr(type(cb), name) is not getattr(base, name) for cb in callback_list.callbacks for name in names
-    ):
-        return getattr(callback_list, f"on_{kind}_batch_begin"), getattr(
-            callback_list, f"on_{kind}_batch_end"
-        )
-    return _no_hook, _no_hook
+    # A hook is implemented if it is not Callback's own method (LambdaCallback
+    # sets hooks as instance attributes, so look at the bound attribute).
+    implemented = any(
+        getattr(getattr(cb, name), "__func__", None) is not getattr(base, name)
+        for cb in callback_list.callbacks
+        for name in names
+    )
+    if not implemented:
+        return _no_hook, _no_hook
+    return getattr(callback_list, f"on_{kind}_batch_begin"), getattr(callback_list, f"on_{kind}_batch_end")
 
 
 def _no_hook(batch: int, logs: Any = None) -> None:
