@@ -1,0 +1,330 @@
+"""One function per way of training; each trains a fresh copy of a workload's model.
+
+Every runner starts from the workload's initial weights, reads the workload's
+one cached input pipeline, trains for `epochs` epochs without validation,
+and returns the wall time of the whole call and of each epoch. Epoch times
+end after a host sync (the epoch's loss is read back), so asynchronous work
+is not under-counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain.bench.workloads import WorkloadData
+from tftrain.timing import Timing
+from tftrain.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How long each run trains.
+
+    Attributes:
+        epochs: Epochs per run; the first one includes tracing/compiling.
+        steps_per_loop: `k` for `graph_loop` (Trainer `steps_per_loop`) and
+            `keras_fit_spe` (Keras `steps_per_execution`).
+        eager_steps: Steps per epoch for the eager variants (they are slow);
+            None or 0 means full epochs. Capped at the steps in one pass.
+    """
+
+    epochs: int = 2
+    steps_per_loop: int = 20
+    eager_steps: int | None = 100
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one run measured.
+
+    Attributes:
+        total_s: Wall seconds of the whole training call (setup, tracing and
+            all epochs; no validation).
+        epoch_s: Wall seconds of each epoch.
+        steps_per_epoch: Training steps (batches) per epoch.
+        final_loss: Mean training loss of the last epoch (None for `data_only`).
+        timing: `TimingReport.to_dict()` where the variant has one.
+        notes: Facts about the run (e.g. Keras's resolved `jit_compile`).
+        model: The trained model (for the untimed validation check).
+    """
+
+    total_s: float
+    epoch_s: list[float]
+    steps_per_epoch: int
+    final_loss: float | None = None
+    timing: dict[str, Any] | None = None
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    model: keras.Model | None = None
+
+
+Runner = Callable[[WorkloadData, RunOptions], RunResult]
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A way of training.
+
+    Attributes:
+        name: Name used on the command line and in the report.
+        description: One line for the report.
+        run: The runner.
+        eager: Runs eagerly, so it trains `eager_steps` steps per epoch.
+    """
+
+    name: str
+    description: str
+    run: Runner
+    eager: bool = False
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Records each epoch's wall time and the last epoch's logs.
+
+    Only epoch hooks are overridden, so batch dispatch is as without it.
+    `on_epoch_end` receives logs already converted to Python floats, so the
+    clock stops after the epoch's work has finished.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.epoch_s: list[float] = []
+        self.last_logs: dict[str, Any] = {}
+        self._start = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_s.append(time.perf_counter() - self._start)
+        self.last_logs = dict(logs or {})
+
+
+def _compile_args() -> dict[str, Any]:
+    """Fresh Adam (default settings), loss on logits and accuracy, as every variant uses."""
+    return dict(
+        optimizer=keras.optimizers.Adam(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+
+
+def eager_steps_per_epoch(data: WorkloadData, options: RunOptions) -> int:
+    """Steps per epoch of the eager variants."""
+    if not options.eager_steps:
+        return data.steps_per_epoch
+    return min(options.eager_steps, data.steps_per_epoch)
+
+
+def _train_data(data: WorkloadData, steps: int) -> tf.data.Dataset:
+    """The training pipeline, cut to its first `steps` batches for the eager variants.
+
+    Both eager variants read it the same way: each epoch is one pass over the
+    same first `steps` batches.
+    """
+    return data.train if steps == data.steps_per_epoch else data.train.take(steps)
+
+
+def _run_trainer(
+    data: WorkloadData, options: RunOptions, *, eager: bool = False, **trainer_options
+) -> RunResult:
+    model = data.fresh_model()
+    trainer = Trainer(model, **_compile_args(), **trainer_options)
+    steps = eager_steps_per_epoch(data, options) if eager else data.steps_per_epoch
+    epoch_timer = EpochTimer()
+    start = time.perf_counter()
+    trainer.fit(_train_data(data, steps), epochs=options.epochs, callbacks=[epoch_timer], verbose=0)
+    total = time.perf_counter() - start
+    return RunResult(
+        total_s=total,
+        epoch_s=epoch_timer.epoch_s,
+        steps_per_epoch=steps,
+        final_loss=epoch_timer.last_logs.get("loss"),
+        timing=trainer.timing.to_dict() if trainer.timing is not None else None,
+        notes={"engine": trainer.options.name, "measure_timing": trainer.measure_timing},
+        model=model,
+    )
+
+
+def run_eager(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`tftrain.Trainer(use_tf_function=False)`."""
+    return _run_trainer(data, options, eager=True, use_tf_function=False)
+
+
+def run_graph(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`tftrain.Trainer` with its defaults (tf.function, one step per host call)."""
+    return _run_trainer(data, options)
+
+
+def run_xla(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`tftrain.Trainer(jit_compile=True)`."""
+    return _run_trainer(data, options, jit_compile=True)
+
+
+def run_graph_loop(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`tftrain.Trainer(steps_per_loop=k)`."""
+    return _run_trainer(data, options, steps_per_loop=options.steps_per_loop)
+
+
+def run_trainer_no_timing(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`tftrain.Trainer(measure_timing=False)` (otherwise as `graph`)."""
+    return _run_trainer(data, options, measure_timing=False)
+
+
+def _run_keras_fit(
+    data: WorkloadData, options: RunOptions, *, steps_per_execution: int = 1, timing: bool = False
+) -> RunResult:
+    model = data.fresh_model()
+    compile_args = _compile_args()
+    if steps_per_execution != 1:
+        compile_args["steps_per_execution"] = steps_per_execution
+    model.compile(**compile_args)
+    epoch_timer = EpochTimer()
+    callbacks: list[keras.callbacks.Callback] = [epoch_timer]
+    timing_callback = Timing() if timing else None
+    if timing_callback is not None:
+        callbacks.append(timing_callback)
+    start = time.perf_counter()
+    # shuffle=False only silences Keras's warning: a Dataset is never shuffled by fit.
+    model.fit(data.train, epochs=options.epochs, callbacks=callbacks, verbose=0, shuffle=False)
+    total = time.perf_counter() - start
+    report = timing_callback.report if timing_callback is not None else None
+    return RunResult(
+        total_s=total,
+        epoch_s=epoch_timer.epoch_s,
+        steps_per_epoch=data.steps_per_epoch,
+        final_loss=epoch_timer.last_logs.get("loss"),
+        timing=report.to_dict() if report is not None else None,
+        notes={"jit_compile": bool(model.jit_compile), "steps_per_execution": int(model.steps_per_execution)},
+        model=model,
+    )
+
+
+def run_keras_fit(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`model.compile(...)` with default settings, then `model.fit`."""
+    return _run_keras_fit(data, options)
+
+
+def run_keras_fit_spe(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`model.compile(steps_per_execution=k)`, then `model.fit`."""
+    return _run_keras_fit(data, options, steps_per_execution=options.steps_per_loop)
+
+
+def run_keras_fit_timing(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`model.fit(callbacks=[tftrain.callbacks.Timing()])`."""
+    return _run_keras_fit(data, options, timing=True)
+
+
+def _run_handwritten(data: WorkloadData, options: RunOptions, *, use_tf_function: bool) -> RunResult:
+    """The classic loop: GradientTape, `apply_gradients`, metrics, `for x, y in ds`."""
+    model = data.fresh_model()
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(model.trainable_variables)  # as Keras and the Trainer do before the first trace
+    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    train_loss = keras.metrics.Mean(name="loss")
+    train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            predictions = model(x, training=True)
+            loss = loss_object(y, predictions)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        train_loss.update_state(loss)
+        train_accuracy.update_state(y, predictions)
+
+    if use_tf_function:
+        train_step = tf.function(train_step)
+    steps = data.steps_per_epoch if use_tf_function else eager_steps_per_epoch(data, options)
+    train_data = _train_data(data, steps)
+    epoch_s: list[float] = []
+    final_loss = None
+    start = time.perf_counter()
+    for _ in range(options.epochs):
+        train_loss.reset_state()
+        train_accuracy.reset_state()
+        epoch_start = time.perf_counter()
+        for x, y in train_data:
+            train_step(x, y)
+        final_loss = float(train_loss.result())  # host sync
+        epoch_s.append(time.perf_counter() - epoch_start)
+    total = time.perf_counter() - start
+    notes = {}
+    if use_tf_function:
+        notes["trace_count"] = int(train_step.experimental_get_tracing_count())
+    return RunResult(
+        total_s=total, epoch_s=epoch_s, steps_per_epoch=steps, final_loss=final_loss, notes=notes, model=model
+    )
+
+
+def run_handwritten(data: WorkloadData, options: RunOptions) -> RunResult:
+    """The classic hand-written loop with `@tf.function def train_step(x, y)`."""
+    return _run_handwritten(data, options, use_tf_function=True)
+
+
+def run_handwritten_eager(data: WorkloadData, options: RunOptions) -> RunResult:
+    """The same hand-written loop without `tf.function`."""
+    return _run_handwritten(data, options, use_tf_function=False)
+
+
+def run_data_only(data: WorkloadData, options: RunOptions) -> RunResult:
+    """Only iterates the input pipeline (no model): the floor for a Python `for` loop."""
+    epoch_s: list[float] = []
+    start = time.perf_counter()
+    for _ in range(options.epochs):
+        epoch_start = time.perf_counter()
+        for _batch in data.train:
+            pass
+        epoch_s.append(time.perf_counter() - epoch_start)
+    return RunResult(
+        total_s=time.perf_counter() - start, epoch_s=epoch_s, steps_per_epoch=data.steps_per_epoch
+    )
+
+
+def evaluate(model: keras.Model, dataset: tf.data.Dataset) -> dict[str, float]:
+    """Untimed check of a trained model: mean loss and accuracy over `dataset`.
+
+    Args:
+        model: A trained model (logits out).
+        dataset: Batches of `(images, labels)`.
+
+    Returns:
+        `{"val_loss": ..., "val_accuracy": ...}` as Python floats.
+    """
+    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    mean_loss = keras.metrics.Mean()
+    accuracy = keras.metrics.SparseCategoricalAccuracy()
+
+    for x, y in dataset:  # eagerly: a few forward passes, no tracing
+        logits = model(x, training=False)
+        mean_loss.update_state(loss_object(y, logits), sample_weight=tf.cast(tf.shape(y)[0], tf.float32))
+        accuracy.update_state(y, logits)
+    return {"val_loss": float(mean_loss.result()), "val_accuracy": float(accuracy.result())}
+
+
+# Ordered so that compared variants run next to each other.
+VARIANTS: dict[str, Variant] = {
+    variant.name: variant
+    for variant in [
+        Variant("handwritten", "hand-written loop, @tf.function train_step(x, y)", run_handwritten),
+        Variant("graph", "Trainer, tf.function, steps_per_loop=1 (default)", run_graph),
+        Variant("trainer_no_timing", "Trainer(measure_timing=False), otherwise graph", run_trainer_no_timing),
+        Variant("xla", "Trainer(jit_compile=True)", run_xla),
+        Variant("graph_loop", "Trainer(steps_per_loop=k)", run_graph_loop),
+        Variant("keras_fit", "model.fit, default compile settings", run_keras_fit),
+        Variant("keras_fit_spe", "model.fit, compile(steps_per_execution=k)", run_keras_fit_spe),
+        Variant(
+            "keras_fit_timing", "model.fit(callbacks=[tftrain.callbacks.Timing()])", run_keras_fit_timing
+        ),
+        Variant(
+            "handwritten_eager", "hand-written loop without tf.function", run_handwritten_eager, eager=True
+        ),
+        Variant("eager", "Trainer(use_tf_function=False)", run_eager, eager=True),
+        Variant("data_only", "iterate the input pipeline only, no model", run_data_only),
+    ]
+}

@@ -1,0 +1,150 @@
+"""The benchmark: every chosen variant on every chosen workload, repetitions alternating."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain.bench import report, runners, workloads
+from tftrain.bench.config import BenchmarkConfig
+
+
+def run_options(config: BenchmarkConfig) -> runners.RunOptions:
+    """The per-run options of a config."""
+    return runners.RunOptions(
+        epochs=config.epochs, steps_per_loop=config.steps_per_loop, eager_steps=config.eager_steps or None
+    )
+
+
+def sizes(config: BenchmarkConfig, workload: workloads.Workload) -> tuple[int, int]:
+    """`(num_train, num_val)` of a workload under a config."""
+    num_train, num_val = workload.sizes(config.quick)
+    return config.num_train or num_train, config.num_val or num_val
+
+
+def environment() -> dict[str, Any]:
+    """The machine and library versions, for the report."""
+    return {
+        "load_average_1min": _load_average(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "devices": [device.device_type for device in tf.config.list_physical_devices()],
+    }
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _run_record(repeat: int, result: runners.RunResult) -> dict[str, Any]:
+    steady_epochs = result.epoch_s[1:]
+    steady_epoch_s = statistics.median(steady_epochs) if steady_epochs else None
+    return {
+        "repeat": repeat,
+        "total_s": result.total_s,
+        "epoch_s": list(result.epoch_s),
+        "first_epoch_s": result.epoch_s[0] if result.epoch_s else None,
+        "steady_epoch_s": steady_epoch_s,
+        "steady_step_s": None if steady_epoch_s is None else steady_epoch_s / result.steps_per_epoch,
+        "steps_per_epoch": result.steps_per_epoch,
+        "final_loss": result.final_loss,
+        "timing": result.timing,
+        "notes": result.notes,
+    }
+
+
+def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Runs the benchmark.
+
+    For each workload the data and initial weights are built once; then
+    `for repeat in range(repeats): for variant in variants: run`, so slow
+    drifts of the machine spread over all variants.
+
+    Args:
+        config: What to run.
+        progress: Called with one line per run (and per workload); None is silent.
+
+    Returns:
+        A JSON-serializable dict: `config`, `environment` and `workloads`
+        (per workload: sizes, and per variant its runs, summary and ratios,
+        plus the performance targets); see `report`.
+    """
+    say = progress or (lambda line: None)
+    options = run_options(config)
+    results: dict[str, Any] = {
+        "config": {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(config).items()
+        },
+        "environment": environment(),
+        "workloads": {},
+    }
+    for name in config.workloads:
+        workload = workloads.WORKLOADS[name]
+        num_train, num_val = sizes(config, workload)
+        say(f"[{name}] preparing {num_train:,} train / {num_val:,} validation synthetic examples")
+        data = workloads.prepare(
+            workload,
+            num_train,
+            num_val,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            autotune=config.autotune,
+        )
+        variant_results: dict[str, dict[str, Any]] = {}
+        for variant_name in config.variants:
+            variant = runners.VARIANTS[variant_name]
+            steps = runners.eager_steps_per_epoch(data, options) if variant.eager else data.steps_per_epoch
+            variant_results[variant_name] = {
+                "description": variant.description,
+                "eager": variant.eager,
+                "steps_per_epoch": steps,
+                "runs": [],
+                "validation": None,
+            }
+        for repeat in range(config.repeats):
+            for variant_name in config.variants:
+                variant = runners.VARIANTS[variant_name]
+                result = variant.run(data, options)
+                record = _run_record(repeat, result)
+                variant_results[variant_name]["runs"].append(record)
+                if config.validate and repeat == 0 and result.model is not None:
+                    variant_results[variant_name]["validation"] = runners.evaluate(result.model, data.val)
+                say(_progress_line(name, repeat, config.repeats, variant_name, record))
+        workload_result = {
+            "name": name,
+            "description": workload.description,
+            "num_train": num_train,
+            "num_val": num_val,
+            "batch_size": config.batch_size,
+            "steps_per_epoch": data.steps_per_epoch,
+            "num_params": data.num_params(),
+            "variants": variant_results,
+        }
+        workload_result["load_average_1min_after"] = _load_average()
+        report.add_summaries(workload_result)
+        results["workloads"][name] = workload_result
+    return results
+
+
+def _progress_line(workload: str, repeat: int, repeats: int, variant: str, record: dict[str, Any]) -> str:
+    epochs = ", ".join(f"{seconds:.2f}" for seconds in record["epoch_s"])
+    step = record["steady_step_s"]
+    step_text = "n/a" if step is None else f"{step * 1e3:.3f} ms/step"
+    return (
+        f"[{workload}] repeat {repeat + 1}/{repeats} {variant:<18} {record['steps_per_epoch']} steps/epoch, "
+        f"epochs [{epochs}] s, total {record['total_s']:.2f} s, steady {step_text}"
+    )
