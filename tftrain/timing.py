@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -256,38 +257,15 @@ class Timing(keras.callbacks.Callback):
         self.report: TimingReport | None = None
         self._timer = StepTimer()
         self._counter = TraceCounter("train_step", "data")
-        self._examples: tf.Variable | None = None
         self._traces_at_call_start = 0
-        self._examples_at_call_start = 0
+        self._counts_at_call_start = np.zeros(2, np.int64)
 
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
-        if getattr(model, "_tftrain_timing_hook", None) is None:
-            original = model.train_step
-            hook = {"callback": None}
-
-            def train_step(data):
-                callback = hook["callback"]
-                if callback is not None:
-                    if not tf.executing_eagerly():
-                        callback._counter._record(data)
-                    size = tf.shape(tf.nest.flatten(data)[0])[0]
-                    callback._examples.assign_add(tf.cast(size, tf.int64))
-                return original(data)
-
-            model.train_step = train_step
-            model._tftrain_timing_hook = hook
-            # Keras caches the train function built from the old `train_step`.
-            model.train_function = None
-        with model.distribute_strategy.scope():
-            self._examples = tf.Variable(
-                0,
-                dtype=tf.int64,
-                trainable=False,
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
-        model._tftrain_timing_hook["callback"] = self
+        hook = getattr(model, "_tftrain_timing_hook", None)
+        if hook is None:
+            hook = _install_timing_hook(model)
+        hook.callback = self
 
     def on_train_begin(self, logs=None):
         self._timer.reset()
@@ -296,20 +274,59 @@ class Timing(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._traces_at_call_start = self._counter.count
-        self._examples_at_call_start = int(self._examples.numpy())
+        self._counts_at_call_start = self._read_counts()
         self._timer.begin_call()
 
     def on_train_batch_end(self, batch, logs=None):
-        examples = int(self._examples.numpy())  # also syncs with the device
-        steps = int(self.model.steps_per_execution or 1)
+        steps, examples = self._read_counts() - self._counts_at_call_start  # also syncs
         self._timer.end_call(
-            steps=steps,
-            examples=examples - self._examples_at_call_start,
+            steps=int(steps),
+            examples=int(examples),
             traced=self._counter.count != self._traces_at_call_start,
         )
 
+    def _read_counts(self) -> np.ndarray:
+        counts = self.model._tftrain_timing_hook.counts.numpy()
+        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        return np.array([counts[0] // replicas, counts[1]], np.int64)
+
     def on_train_end(self, logs=None):
         self.report = self._timer.report(self._counter.count)
-        self.model._tftrain_timing_hook["callback"] = None
+        self.model._tftrain_timing_hook.callback = None
         if self.verbose:
             print(self.report.summary())
+
+
+def _install_timing_hook(model: keras.Model) -> types.SimpleNamespace:
+    """Wraps `model.train_step` once so that every step is counted in the graph.
+
+    The counts variable belongs to the model (a traced train function keeps
+    using the variable it captured); the active `Timing` callback, if any,
+    is told about traces.
+    """
+    with model.distribute_strategy.scope():
+        # [steps, examples], summed over replicas when read.
+        counts = tf.Variable(
+            [0, 0],
+            dtype=tf.int64,
+            trainable=False,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+    # Not a dict: Keras would store a tracked copy of a dict attribute.
+    hook = types.SimpleNamespace(callback=None, counts=counts)
+    original = model.train_step
+
+    def train_step(data):
+        callback = hook.callback
+        if callback is not None and not tf.executing_eagerly():
+            callback._counter._record(data)
+        size = tf.cast(tf.shape(tf.nest.flatten(data)[0])[0], tf.int64)
+        counts.assign_add(tf.stack([tf.constant(1, tf.int64), size]))
+        return original(data)
+
+    model.train_step = train_step
+    model._tftrain_timing_hook = hook
+    # Keras caches the train function built from the old `train_step`.
+    model.train_function = None
+    return hook
