@@ -37,7 +37,7 @@ _STEPS_PER_LOOP = flags.DEFINE_integer(
 _EAGER_STEPS = flags.DEFINE_integer(
     "eager_steps",
     None,
-    "Steps per epoch for the eager variants (they are slow); 0 = full epochs. Default 100, or 20 with --quick.",
+    "Steps per epoch for the eager variants (they are slow); 0 = full epochs. Default 100, or 10 with --quick.",
 )
 _NUM_TRAIN = flags.DEFINE_integer(
     "num_train", None, "Training examples for every chosen workload (default 60,000; fewer with --quick)."

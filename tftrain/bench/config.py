@@ -86,7 +86,7 @@ class BenchmarkConfig:
             reported separately from the steady-state epochs).
         steps_per_loop: `k` for `graph_loop` and `keras_fit_spe`.
         eager_steps: Steps per epoch for eager variants (capped at a full
-            epoch); 0 means full epochs; None means 100, or 20 in quick mode.
+            epoch); 0 means full epochs; None means 100, or 10 in quick mode.
         num_train: Training examples, overriding the workloads' defaults.
         num_val: Validation examples, overriding the workloads' defaults.
         batch_size: Batch size.
@@ -122,7 +122,7 @@ class BenchmarkConfig:
         if self.repeats is None:
             object.__setattr__(self, "repeats", 1 if self.quick else 3)
         if self.eager_steps is None:
-            object.__setattr__(self, "eager_steps", 20 if self.quick else 100)
+            object.__setattr__(self, "eager_steps", 10 if self.quick else 100)
         _check_int("repeats", self.repeats, 1)
         _check_int(
             "epochs", self.epochs, 2, hint=" (the first epoch includes tracing and is reported separately)"

@@ -47,6 +47,8 @@ class RunResult:
         total_s: Wall seconds of the whole training call (setup, tracing and
             all epochs; no validation).
         epoch_s: Wall seconds of each epoch.
+        epoch_cpu_s: Process CPU seconds (all threads) of each epoch: less
+            sensitive than wall time to other programs on the machine.
         steps_per_epoch: Training steps (batches) per epoch.
         final_loss: Mean training loss of the last epoch (None for `data_only`).
         timing: `TimingReport.to_dict()` where the variant has one.
@@ -56,6 +58,7 @@ class RunResult:
 
     total_s: float
     epoch_s: list[float]
+    epoch_cpu_s: list[float]
     steps_per_epoch: int
     final_loss: float | None = None
     timing: dict[str, Any] | None = None
@@ -83,8 +86,26 @@ class Variant:
     eager: bool = False
 
 
+class EpochClock:
+    """Wall time (`time.perf_counter`) and process CPU time of each epoch."""
+
+    def __init__(self):
+        self.wall_s: list[float] = []
+        self.cpu_s: list[float] = []
+        self._wall = self._cpu = 0.0
+
+    def start(self) -> None:
+        """Starts an epoch."""
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def stop(self) -> None:
+        """Ends the epoch (after a host sync)."""
+        self.wall_s.append(time.perf_counter() - self._wall)
+        self.cpu_s.append(time.process_time() - self._cpu)
+
+
 class EpochTimer(keras.callbacks.Callback):
-    """Records each epoch's wall time and the last epoch's logs.
+    """Times each epoch and keeps the last epoch's logs.
 
     Only epoch hooks are overridden, so batch dispatch is as without it.
     `on_epoch_end` receives logs already converted to Python floats, so the
@@ -93,15 +114,14 @@ class EpochTimer(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self.epoch_s: list[float] = []
+        self.clock = EpochClock()
         self.last_logs: dict[str, Any] = {}
-        self._start = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
+        self.clock.start()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epoch_s.append(time.perf_counter() - self._start)
+        self.clock.stop()
         self.last_logs = dict(logs or {})
 
 
@@ -142,7 +162,8 @@ def _run_trainer(
     total = time.perf_counter() - start
     return RunResult(
         total_s=total,
-        epoch_s=epoch_timer.epoch_s,
+        epoch_s=epoch_timer.clock.wall_s,
+        epoch_cpu_s=epoch_timer.clock.cpu_s,
         steps_per_epoch=steps,
         final_loss=epoch_timer.last_logs.get("loss"),
         timing=trainer.timing.to_dict() if trainer.timing is not None else None,
@@ -196,7 +217,8 @@ def _run_keras_fit(
     report = timing_callback.report if timing_callback is not None else None
     return RunResult(
         total_s=total,
-        epoch_s=epoch_timer.epoch_s,
+        epoch_s=epoch_timer.clock.wall_s,
+        epoch_cpu_s=epoch_timer.clock.cpu_s,
         steps_per_epoch=data.steps_per_epoch,
         final_loss=epoch_timer.last_logs.get("loss"),
         timing=report.to_dict() if report is not None else None,
@@ -242,23 +264,29 @@ def _run_handwritten(data: WorkloadData, options: RunOptions, *, use_tf_function
         train_step = tf.function(train_step)
     steps = data.steps_per_epoch if use_tf_function else eager_steps_per_epoch(data, options)
     train_data = _train_data(data, steps)
-    epoch_s: list[float] = []
+    clock = EpochClock()
     final_loss = None
     start = time.perf_counter()
     for _ in range(options.epochs):
         train_loss.reset_state()
         train_accuracy.reset_state()
-        epoch_start = time.perf_counter()
+        clock.start()
         for x, y in train_data:
             train_step(x, y)
         final_loss = float(train_loss.result())  # host sync
-        epoch_s.append(time.perf_counter() - epoch_start)
+        clock.stop()
     total = time.perf_counter() - start
     notes = {}
     if use_tf_function:
         notes["trace_count"] = int(train_step.experimental_get_tracing_count())
     return RunResult(
-        total_s=total, epoch_s=epoch_s, steps_per_epoch=steps, final_loss=final_loss, notes=notes, model=model
+        total_s=total,
+        epoch_s=clock.wall_s,
+        epoch_cpu_s=clock.cpu_s,
+        steps_per_epoch=steps,
+        final_loss=final_loss,
+        notes=notes,
+        model=model,
     )
 
 
@@ -274,15 +302,18 @@ def run_handwritten_eager(data: WorkloadData, options: RunOptions) -> RunResult:
 
 def run_data_only(data: WorkloadData, options: RunOptions) -> RunResult:
     """Only iterates the input pipeline (no model): the floor for a Python `for` loop."""
-    epoch_s: list[float] = []
+    clock = EpochClock()
     start = time.perf_counter()
     for _ in range(options.epochs):
-        epoch_start = time.perf_counter()
+        clock.start()
         for _batch in data.train:
             pass
-        epoch_s.append(time.perf_counter() - epoch_start)
+        clock.stop()
     return RunResult(
-        total_s=time.perf_counter() - start, epoch_s=epoch_s, steps_per_epoch=data.steps_per_epoch
+        total_s=time.perf_counter() - start,
+        epoch_s=clock.wall_s,
+        epoch_cpu_s=clock.cpu_s,
+        steps_per_epoch=data.steps_per_epoch,
     )
 
 

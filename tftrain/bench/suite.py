@@ -52,6 +52,8 @@ def _load_average() -> float | None:
 def _run_record(repeat: int, result: runners.RunResult) -> dict[str, Any]:
     steady_epochs = result.epoch_s[1:]
     steady_epoch_s = statistics.median(steady_epochs) if steady_epochs else None
+    steady_cpu = result.epoch_cpu_s[1:]
+    steady_epoch_cpu_s = statistics.median(steady_cpu) if steady_cpu else None
     return {
         "repeat": repeat,
         "total_s": result.total_s,
@@ -59,6 +61,10 @@ def _run_record(repeat: int, result: runners.RunResult) -> dict[str, Any]:
         "first_epoch_s": result.epoch_s[0] if result.epoch_s else None,
         "steady_epoch_s": steady_epoch_s,
         "steady_step_s": None if steady_epoch_s is None else steady_epoch_s / result.steps_per_epoch,
+        "epoch_cpu_s": list(result.epoch_cpu_s),
+        "steady_cpu_step_s": None
+        if steady_epoch_cpu_s is None
+        else steady_epoch_cpu_s / result.steps_per_epoch,
         "steps_per_epoch": result.steps_per_epoch,
         "final_loss": result.final_loss,
         "timing": result.timing,

@@ -103,7 +103,7 @@ WORKLOADS: dict[str, Workload] = {
         ),
         input_shape=(28, 28, 1),
         build_model=build_cnn,
-        quick_num_train=1_280,
+        quick_num_train=640,
         quick_num_val=256,
     ),
 }
