@@ -1,0 +1,204 @@
+"""Tests for `tftrain.loops`: engine options and the step loops of every engine."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrain import loops
+
+# Engines as `EngineOptions` keyword arguments.
+LOOP_ENGINES = {
+    "eager": dict(use_tf_function=False),
+    "graph": dict(),
+    "xla": dict(jit_compile=True),
+    "graph_loop3": dict(steps_per_loop=3),
+    "eager_loop3": dict(use_tf_function=False, steps_per_loop=3),
+    "xla_loop3": dict(jit_compile=True, steps_per_loop=3),
+}
+
+# 20 values in batches of 3: 7 batches, the last one holds 2 values (18, 19).
+NUM_VALUES, BATCH = 20, 3
+BATCHES = [np.arange(NUM_VALUES, dtype="float32")[i : i + BATCH] for i in range(0, NUM_VALUES, BATCH)]
+
+
+def make_dataset():
+    return tf.data.Dataset.range(NUM_VALUES).map(lambda v: tf.cast(v, tf.float32)).batch(BATCH)
+
+
+class Counter:
+    """A stateful step: sums every value it sees and counts its steps."""
+
+    def __init__(self):
+        self.total = tf.Variable(0.0)
+        self.steps = tf.Variable(0, dtype=tf.int64)
+
+    def __call__(self, batch):
+        self.total.assign_add(tf.reduce_sum(batch))
+        self.steps.assign_add(1)
+        return {"total": self.total.read_value(), "first": batch[0], "size": tf.shape(batch)[0]}
+
+
+@pytest.fixture(params=sorted(LOOP_ENGINES), ids=sorted(LOOP_ENGINES))
+def loop_options(request):
+    return loops.EngineOptions(**LOOP_ENGINES[request.param])
+
+
+# ------------------------------------------------------------------ EngineOptions
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5, True, "3", None])
+def test_steps_per_loop_must_be_a_positive_int(steps):
+    with pytest.raises(ValueError, match="steps_per_loop") as info:
+        loops.EngineOptions(steps_per_loop=steps)
+    assert repr(steps) in str(info.value)
+
+
+def test_jit_compile_needs_tf_function():
+    with pytest.raises(ValueError, match="jit_compile=True") as info:
+        loops.EngineOptions(use_tf_function=False, jit_compile=True)
+    assert "use_tf_function" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["use_tf_function", "jit_compile"])
+@pytest.mark.parametrize("value", [1, 0, "yes", None, np.bool_(True)])
+def test_bool_options_must_be_bool(name, value):
+    with pytest.raises(TypeError, match=f"`{name}`"):
+        loops.EngineOptions(**{name: value})
+
+
+def test_valid_options_are_kept_and_frozen():
+    options = loops.EngineOptions(use_tf_function=True, jit_compile=True, steps_per_loop=7)
+    assert (options.use_tf_function, options.jit_compile, options.steps_per_loop) == (True, True, 7)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.steps_per_loop = 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(), "graph"),
+        (dict(use_tf_function=False), "eager"),
+        (dict(jit_compile=True), "xla"),
+        (dict(steps_per_loop=20), "graph+loop20"),
+        (dict(jit_compile=True, steps_per_loop=4), "xla+loop4"),
+        (dict(use_tf_function=False, steps_per_loop=3), "eager+loop3"),
+        (dict(steps_per_loop=1), "graph"),
+    ],
+)
+def test_engine_names(kwargs, name):
+    assert loops.EngineOptions(**kwargs).name == name
+
+
+# ---------------------------------------------------------------------- make_loop
+
+
+def test_loop_kind_per_engine(loop_options):
+    loop = loops.make_loop(Counter(), loop_options)
+    assert loop.in_graph == (loop_options.use_tf_function and loop_options.steps_per_loop > 1)
+    assert isinstance(loop.step, tf.types.experimental.PolymorphicFunction) == loop_options.use_tf_function
+
+
+def test_partial_final_loop_and_partial_last_batch(loop_options):
+    """7 batches, 3 steps per call: the calls run 3, 3, 1, then 0 steps."""
+    counter = Counter()
+    loop = loops.make_loop(counter, loop_options)
+    iterator = iter(make_dataset())
+    assert loop(iterator, 0) == (0, 0, None)  # zero steps pull nothing
+    expected = [(3, 9, 0), (3, 9, 3), (1, 2, 6)]  # (steps, examples, index of the first batch)
+    seen = 0
+    for steps, examples, first_batch in expected:
+        ran, count, logs = loop(iterator, 3)
+        assert (ran, count) == (steps, examples)
+        last = first_batch + steps - 1
+        seen += sum(float(b.sum()) for b in BATCHES[first_batch : last + 1])
+        # Logs are the last step's outputs.
+        assert float(logs["total"]) == pytest.approx(seen)
+        assert float(logs["first"]) == BATCHES[last][0]
+        assert int(logs["size"]) == len(BATCHES[last])
+    assert loop(iterator, 3) == (0, 0, None)
+    assert float(counter.total.numpy()) == float(np.arange(NUM_VALUES).sum())
+    assert int(counter.steps.numpy()) == len(BATCHES)
+    # The same loop on a fresh iterator, asking for more steps than there are batches.
+    ran, examples, logs = loop(iter(make_dataset()), 100)
+    assert (ran, examples) == (len(BATCHES), NUM_VALUES)
+    assert float(logs["total"]) == 2 * float(np.arange(NUM_VALUES).sum())
+
+
+def test_loop_does_not_pull_a_batch_it_does_not_train_on(loop_options):
+    """After a call of 2 steps the next call starts at the third batch."""
+    counter = Counter()
+    loop = loops.make_loop(counter, loop_options)
+    iterator = iter(make_dataset())
+    ran, examples, logs = loop(iterator, 2)
+    assert (ran, examples, float(logs["first"])) == (2, 6, BATCHES[1][0])
+    assert loop(iterator, 0) == (0, 0, None)
+    ran, examples, logs = loop(iterator, 1)
+    assert (ran, examples, float(logs["first"])) == (1, 3, BATCHES[2][0])
+    assert float(counter.total.numpy()) == float(np.concatenate(BATCHES[:3]).sum())
+    assert int(counter.steps.numpy()) == 3
+    # The remaining batches are all still there.
+    assert next(iterator).numpy().tolist() == BATCHES[3].tolist()
+
+
+def test_in_graph_loop_traces_once_for_any_num_steps():
+    loop = loops.make_loop(Counter(), loops.EngineOptions(steps_per_loop=3))
+    for _ in range(3):  # three passes over the data, calls of 3, 3, 1 and 0 steps
+        iterator = iter(make_dataset())
+        assert [loop(iterator, 3)[0] for _ in range(4)] == [3, 3, 1, 0]
+        for num_steps in (2, 1, 5):
+            loop(iter(make_dataset()), num_steps)
+    assert loop.trace_counter.count == 1
+    # The loop function itself did not retrace for new `num_steps` values either.
+    assert loop._graph_loop.experimental_get_tracing_count() == 1
+
+
+def test_graph_step_traces_at_most_twice_with_a_partial_batch():
+    """One trace for the full batches, one relaxed retrace for the partial one."""
+    loop = loops.make_loop(Counter(), loops.EngineOptions())
+    for _ in range(3):
+        loop(iter(make_dataset()), 100)
+    assert 1 <= loop.trace_counter.count <= 2
+
+
+@pytest.mark.parametrize("steps_per_loop", [1, 3])
+def test_eager_engine_never_traces(steps_per_loop):
+    loop = loops.make_loop(
+        Counter(), loops.EngineOptions(use_tf_function=False, steps_per_loop=steps_per_loop)
+    )
+    assert loop(iter(make_dataset()), 100)[0] == len(BATCHES)
+    assert loop.trace_counter.count == 0
+
+
+def test_trace_counter_is_named_after_the_step():
+    loop = loops.make_loop(Counter(), loops.EngineOptions(), name="eval_step")
+    assert loop.trace_counter.name == "eval_step"
+
+
+def test_structured_batches_count_examples_of_the_first_tensor(loop_options):
+    """A (features, labels) batch: examples are the rows of the first tensor."""
+    dataset = tf.data.Dataset.from_tensor_slices(
+        ({"x": np.ones((5, 2), "float32")}, np.arange(5, dtype="int32"))
+    ).batch(2)
+    total = tf.Variable(0, dtype=tf.int32)
+
+    def step(batch):
+        features, labels = batch
+        total.assign_add(tf.reduce_sum(labels))
+        return {"rows": tf.shape(features["x"])[0]}
+
+    loop = loops.make_loop(step, loop_options)
+    assert loop(iter(dataset), 10)[:2] == (3, 5)
+    assert int(total.numpy()) == 10
+
+
+def test_explicit_strategy_runs_the_step():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        counter = Counter()
+    loop = loops.make_loop(counter, loops.EngineOptions(steps_per_loop=2), strategy)
+    dataset = strategy.experimental_distribute_dataset(make_dataset())
+    ran, _, logs = loop(iter(dataset), 100)
+    assert ran == len(BATCHES)
+    assert float(logs["total"]) == float(np.arange(NUM_VALUES).sum())
