@@ -201,13 +201,6 @@ class OwnLoss(CustomModel):
         return tf.reduce_mean(tf.square(y_pred))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="CustomModel.apply_gradients (tftrain/model.py:116) and train_step (:131) read "
-    "self.optimizer, which a never-compiled Keras 3 model does not have: AttributeError "
-    "instead of the ValueError that says to compile or pass optimizer=",
-)
 @pytest.mark.parametrize("method", ["apply_gradients", "train_step"])
 def test_uncompiled_model_fails_clearly_without_optimizer(method):
     model = make_custom(OwnLoss)
@@ -300,3 +293,25 @@ def test_clipping_override_matters():
         model.train_step(batch)
     assert max_weight_difference(clipped, plain) > 1e-4
     assert max_weight_difference(clipped, make_mlp()) > 0
+
+
+def test_functional_construction_leaves_custom_model_bases_alone():
+    class FunctionalStyle(CustomModel):
+        pass
+
+    inputs = keras.Input((6,))
+    functional = FunctionalStyle(inputs, keras.layers.Dense(3)(inputs))
+    direct = CustomModel(inputs, keras.layers.Dense(2)(inputs))
+    assert CustomModel.__bases__ == (keras.Model,)
+    assert isinstance(functional, CustomModel) and isinstance(direct, CustomModel)
+    assert len(functional.layers) == 2
+
+    class Subclassed(CustomModel):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(x)
+
+    assert Subclassed()(tf.zeros((2, 6))).shape == (2, 3)

@@ -113,13 +113,14 @@ class CustomModel(keras.Model):
 
     def apply_gradients(self, gradients: list[Any]) -> None:
         """Applies gradients with `self.optimizer` (unscaling, clipping, EMA included)."""
-        if self.optimizer is None:
+        optimizer = getattr(self, "optimizer", None)  # absent until `compile`
+        if optimizer is None:
             raise ValueError(
                 f"{type(self).__name__} has no optimizer, so its default train step cannot "
                 "update the weights. Call `model.compile(optimizer=..., loss=...)` or pass "
                 "`optimizer=` to `tftrain.Trainer`."
             )
-        self.optimizer.apply(gradients, self.trainable_weights)
+        optimizer.apply(gradients, self.trainable_weights)
 
     def train_step(self, data: Any) -> dict[str, Any]:
         """One training step on one batch; returns the logs (metric results)."""
@@ -128,8 +129,9 @@ class CustomModel(keras.Model):
             y_pred = self.forward(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
             self.track_loss(loss, x)
-            if self.optimizer is not None:
-                loss = self.optimizer.scale_loss(loss)
+            optimizer = getattr(self, "optimizer", None)
+            if optimizer is not None:
+                loss = optimizer.scale_loss(loss)
         if self.trainable_weights:
             self.apply_gradients(self.compute_gradients(tape, loss))
         else:
