@@ -186,7 +186,7 @@ def test_ratios_and_targets_on_hand_made_numbers():
             "keras_fit": _runs(2.0, 2.5, 1.5),  # median 2.0
             "graph_loop": _runs(1.3, 1.2, 1.1),  # median 1.2: 0.6x keras_fit -> met (<=)
             "handwritten_eager": _runs(10.0, 10.0, 10.0),
-            "eager": _runs(10.6, 10.4, 10.7),  # median 10.6: 1.06x -> missed
+            "eager": _runs(10.6, 10.8, 10.7),  # median 10.7: 1.07x -> missed
         }
     }
     report.add_summaries(result)
@@ -194,7 +194,7 @@ def test_ratios_and_targets_on_hand_made_numbers():
     assert graph["steady_step_s"] == pytest.approx({"median": 1.2e-3, "min": 1.1e-3, "max": 1.3e-3})
     assert graph["x_handwritten"] == pytest.approx(1.2 / 1.1)
     assert graph["x_keras_fit"] == pytest.approx(0.6)
-    assert result["variants"]["eager"]["summary"]["x_handwritten_eager"] == pytest.approx(1.06)
+    assert result["variants"]["eager"]["summary"]["x_handwritten_eager"] == pytest.approx(1.07)
     targets = {t["name"]: t for t in result["targets"]}
     assert targets["graph_vs_handwritten"]["ratio"] == pytest.approx(1.2 / 1.1)
     assert targets["graph_vs_handwritten"]["met"] is False
@@ -204,8 +204,13 @@ def test_ratios_and_targets_on_hand_made_numbers():
     assert targets["timing_overhead"]["ratio"] == pytest.approx(1.2 / 1.19)
     assert targets["timing_overhead"]["met"] is True
     assert targets["timing_overhead"]["cpu_ratio"] is None  # no CPU times in these runs
+    # Per repeat graph/handwritten is 1.3, 0.917, 1.091: on both sides of 1.05.
+    assert targets["graph_vs_handwritten"]["conclusive"] is False
+    assert targets["graph_loop_vs_keras_fit"]["conclusive"] is False  # 0.65, 0.48, 0.733
+    assert targets["eager_vs_handwritten_eager"]["conclusive"] is True  # 1.06, 1.08, 1.07: all miss
     line = report.format_target(targets["graph_vs_handwritten"])
-    assert line.startswith("[MISSED]") and "1.091" in line and "<= 1.05" in line
+    assert line.startswith("[MISSED, INCONCLUSIVE]") and "1.091" in line and "<= 1.05" in line
+    assert report.format_target(targets["eager_vs_handwritten_eager"]).startswith("[MISSED]")
 
 
 def test_targets_edges():

@@ -135,7 +135,10 @@ def evaluate_targets(variants: dict[str, Any], targets: tuple[Target, ...] = TAR
         One dict per target: its fields, the measured `ratio` (of median wall
         times per step), `ratio_per_repeat` (paired within repetitions),
         `cpu_ratio` (the same ratio of process CPU times, for reference),
-        and `met` (decided on `ratio`; None when a variant was not run).
+        `met` (decided on `ratio`; None when a variant was not run), and
+        `conclusive`: whether every per-repeat ratio falls on the same side of
+        the target (None with fewer than 2 repetitions). An inconclusive
+        result means run-to-run noise is larger than the target's margin.
     """
     evaluated = []
     for target in targets:
@@ -143,8 +146,11 @@ def evaluate_targets(variants: dict[str, Any], targets: tuple[Target, ...] = TAR
         value = ratio(_median_step(variants, target.variant), _median_step(variants, target.baseline))
         entry["ratio"] = value
         entry["met"] = None if value is None else target.met_by(value)
-        entry["ratio_per_repeat"] = (
-            [] if value is None else _paired_ratios(variants, target.variant, target.baseline)
+        per_repeat = [] if value is None else _paired_ratios(variants, target.variant, target.baseline)
+        entry["ratio_per_repeat"] = per_repeat
+        # With fewer than 2 repetitions there is no telling noise from a difference.
+        entry["conclusive"] = (
+            None if len(per_repeat) < 2 else len({target.met_by(paired) for paired in per_repeat}) == 1
         )
         entry["cpu_ratio"] = ratio(
             _median_step(variants, target.variant, "steady_cpu_step_s"),
@@ -245,11 +251,16 @@ def format_target(target: dict[str, Any]) -> str:
     paired = f"; per repeat {min(per_repeat):.3f}-{max(per_repeat):.3f}" if len(per_repeat) > 1 else ""
     comparison = "<" if target["strict"] else "<="
     status = "MET" if target["met"] else "MISSED"
+    if target.get("conclusive") is False:
+        status += ", INCONCLUSIVE"
     cpu = "" if target.get("cpu_ratio") is None else f"; CPU-time ratio {target['cpu_ratio']:.3f}"
-    return (
+    line = (
         f"[{status}] {target['description']}: {target['variant']}/{target['baseline']} = "
         f"{target['ratio']:.3f} (target {comparison} {target['max_ratio']:.2f}{paired}{cpu})"
     )
+    if target.get("conclusive") is False:
+        line += "; the per-repeat ratios fall on both sides of the target: noise exceeds the margin"
+    return line
 
 
 def format_report(results: dict[str, Any]) -> str:
