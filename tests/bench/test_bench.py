@@ -154,6 +154,16 @@ def test_unknown_names_raise_clear_errors():
     assert config.parse_names("cnn, mlp,cnn", ["mlp", "cnn"], "workload") == ["cnn", "mlp"]
 
 
+def test_repetitions_rotate_the_run_order():
+    names = ("a", "b", "c")
+    assert [suite.rotated(names, repeat) for repeat in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
+
+
 def test_registries_match_the_light_name_lists():
     assert tuple(workloads.WORKLOADS) == config.WORKLOAD_NAMES
     assert tuple(runners.VARIANTS) == config.VARIANT_NAMES

@@ -21,7 +21,7 @@ BASELINES = (
     ("x_keras_fit", "keras_fit"),
     ("x_handwritten_eager", "handwritten_eager"),
 )
-_MEASURES = ("steady_step_s", "steady_cpu_step_s", "steady_epoch_s", "first_epoch_s", "total_s")
+_MEASURES = ("steady_step_s", "steady_cpu_step_s", "steady_epoch_s", "first_epoch_s", "total_s", "steal_s")
 
 
 @dataclasses.dataclass(frozen=True)

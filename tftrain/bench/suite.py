@@ -42,6 +42,33 @@ def environment() -> dict[str, Any]:
     }
 
 
+def rotated(names: tuple[str, ...] | list[str], repeat: int) -> list[str]:
+    """The run order of one repetition: `names` rotated left by `repeat`.
+
+    Args:
+        names: The variants in their canonical order.
+        repeat: The repetition's index.
+
+    Returns:
+        The names in the order to run them.
+    """
+    names = list(names)
+    if not names:
+        return names
+    shift = repeat % len(names)
+    return names[shift:] + names[:shift]
+
+
+def _steal_seconds() -> float | None:
+    """CPU time the hypervisor gave to others (all CPUs, `steal` in /proc/stat), if known."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 def _load_average() -> float | None:
     try:
         return os.getloadavg()[0]
@@ -77,7 +104,9 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
 
     For each workload the data and initial weights are built once; then
     `for repeat in range(repeats): for variant in variants: run`, so slow
-    drifts of the machine spread over all variants.
+    drifts of the machine spread over all variants; each repetition starts
+    one variant further down the list (`rotated`), so no variant always runs
+    first or right after the same neighbour.
 
     Args:
         config: What to run.
@@ -122,10 +151,14 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
                 "validation": None,
             }
         for repeat in range(config.repeats):
-            for variant_name in config.variants:
+            for variant_name in rotated(config.variants, repeat):
                 variant = runners.VARIANTS[variant_name]
+                steal_before = _steal_seconds()
                 result = variant.run(data, options)
                 record = _run_record(repeat, result)
+                steal_after = _steal_seconds()
+                if steal_before is not None and steal_after is not None:
+                    record["steal_s"] = steal_after - steal_before
                 variant_results[variant_name]["runs"].append(record)
                 if config.validate and repeat == 0 and result.model is not None:
                     variant_results[variant_name]["validation"] = runners.evaluate(result.model, data.val)
@@ -153,4 +186,5 @@ def _progress_line(workload: str, repeat: int, repeats: int, variant: str, recor
     return (
         f"[{workload}] repeat {repeat + 1}/{repeats} {variant:<18} {record['steps_per_epoch']} steps/epoch, "
         f"epochs [{epochs}] s, total {record['total_s']:.2f} s, steady {step_text}"
+        + (f", steal {record['steal_s']:.2f} s" if "steal_s" in record else "")
     )
