@@ -238,7 +238,10 @@ def make_loop(
     def replicated_step(batch):
         return _reduce_outputs(strategy.run(step_fn, args=(batch,)), strategy)
 
-    step = counter.wrap(replicated_step)
+    # Without a strategy, `strategy.run` only adds host work (autograph
+    # conversion, replica-context push/pop), which is felt in eager mode.
+    single_device = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    step = counter.wrap(step_fn if single_device else replicated_step)
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
     in_graph = options.use_tf_function and options.steps_per_loop > 1

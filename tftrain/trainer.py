@@ -47,8 +47,8 @@ _BATCH_HOOKS = {
 def _batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str):
     """The list's batch hooks for `kind`, or no-ops if no callback overrides them.
 
-    Calling empty hooks costs a thread-pool dispatch per step in Keras's
-    CallbackList, which is most of the loop's overhead on small models.
+    Keras's CallbackList converts the logs to Python values on every batch
+    hook call (a host sync and ~13 us per step), even when no callback reads them.
     """
     base = keras.callbacks.Callback
     names = _BATCH_HOOKS[kind]
