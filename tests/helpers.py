@@ -24,3 +24,14 @@ def compile_args():
 def max_weight_difference(a: keras.Model, b: keras.Model) -> float:
     """Largest absolute difference between two models' weights."""
     return max(float(np.abs(x - y).max()) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
+
+
+# The timing report's fields, as DESIGN.md names them.
+TIMING_REPORT_KEYS = {
+    "first_step_s",
+    "step_time_median_s",
+    "step_time_p90_s",
+    "examples_per_sec",
+    "steps",
+    "trace_count",
+}

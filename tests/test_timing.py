@@ -7,19 +7,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import compile_args, make_mlp
+from helpers import TIMING_REPORT_KEYS, compile_args, make_mlp
 
 import tftrain
 from tftrain import timing
 
-REPORT_KEYS = {
-    "first_step_s",
-    "step_time_median_s",
-    "step_time_p90_s",
-    "examples_per_sec",
-    "steps",
-    "trace_count",
-}
+REPORT_KEYS = TIMING_REPORT_KEYS
 
 
 class FakeClock:

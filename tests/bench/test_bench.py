@@ -7,17 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers import TIMING_REPORT_KEYS
 
 from tftrain.bench import config, report, runners, suite, workloads
 
-TIMING_KEYS = {
-    "first_step_s",
-    "step_time_median_s",
-    "step_time_p90_s",
-    "examples_per_sec",
-    "steps",
-    "trace_count",
-}
+TIMING_KEYS = TIMING_REPORT_KEYS
 TRAINER_VARIANTS = {"eager", "graph", "xla", "graph_loop", "trainer_no_timing"}
 # Same initial weights, same batches, same optimizer: these must end at the same loss.
 GRAPH_VARIANTS = [
