@@ -42,7 +42,7 @@ def timed_call(timer, clock, seconds, steps, examples, traced=False):
 
 
 def test_report_to_dict_has_exactly_the_contract_keys():
-    report = timing.TimingReport(
+    fields = dict(
         first_step_s=1.0,
         step_time_median_s=0.1,
         step_time_p90_s=0.2,
@@ -50,15 +50,9 @@ def test_report_to_dict_has_exactly_the_contract_keys():
         steps=3,
         trace_count=1,
     )
+    report = timing.TimingReport(**fields)
     assert set(report.to_dict()) == REPORT_KEYS
-    assert report.to_dict() == dict(
-        first_step_s=1.0,
-        step_time_median_s=0.1,
-        step_time_p90_s=0.2,
-        examples_per_sec=50.0,
-        steps=3,
-        trace_count=1,
-    )
+    assert report.to_dict() == fields
     assert set(timing.TimingReport().to_dict()) == REPORT_KEYS
 
 

@@ -230,7 +230,8 @@ class Trainer:
             self._eval_loop = loops.make_loop(self.eval_step, self.options, self.strategy, "eval_step")
         return self._eval_loop
 
-    def _distribute(self, dataset: tf.data.Dataset):
+    def _make_iterator(self):
+        """How a dataset becomes an iterator: plain, or distributed under a strategy."""
         if self.strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
             return iter
         return lambda ds: iter(self.strategy.experimental_distribute_dataset(ds))
@@ -278,9 +279,7 @@ class Trainer:
         verbose = _check_verbose(verbose)
         self._check_model_step("train_step", "train_step")
         dataset = data_lib.as_dataset(train_data, argument="train_data", batch_size=batch_size, shuffle=True)
-        plan = data_lib.EpochPlan(
-            dataset, steps_per_epoch, "train_data", make_iterator=self._distribute(dataset)
-        )
+        plan = data_lib.EpochPlan(dataset, steps_per_epoch, "train_data", make_iterator=self._make_iterator())
         val_plan = None
         if validation_data is not None:
             self._check_model_step("eval_step", "test_step")
@@ -292,7 +291,7 @@ class Trainer:
                 validation_steps,
                 "validation_data",
                 "validation_steps",
-                make_iterator=self._distribute(val_dataset),
+                make_iterator=self._make_iterator(),
             )
         self._build(dataset)
 
@@ -394,7 +393,7 @@ class Trainer:
         """
         self._check_model_step("eval_step", "test_step")
         dataset = data_lib.as_dataset(data, argument="data", batch_size=batch_size)
-        plan = data_lib.EpochPlan(dataset, steps, "data", "steps", make_iterator=self._distribute(dataset))
+        plan = data_lib.EpochPlan(dataset, steps, "data", "steps", make_iterator=self._make_iterator())
         self._build(dataset)
         callback_list = keras.callbacks.CallbackList(callbacks, model=self.model, steps=plan.steps)
         return self._run_evaluation(plan, callback_list)
