@@ -105,11 +105,11 @@ def test_partial_final_loop_and_partial_last_batch(loop_options):
     counter = Counter()
     loop = loops.make_loop(counter, loop_options)
     iterator = iter(make_dataset())
-    assert loop(iterator, 0) == (0, 0, None)  # zero steps pull nothing
+    assert loop(iterator, 0)[:3] == (0, 0, None)  # zero steps pull nothing
     expected = [(3, 9, 0), (3, 9, 3), (1, 2, 6)]  # (steps, examples, index of the first batch)
     seen = 0
     for steps, examples, first_batch in expected:
-        ran, count, logs = loop(iterator, 3)
+        ran, count, logs, _ = loop(iterator, 3)
         assert (ran, count) == (steps, examples)
         last = first_batch + steps - 1
         seen += sum(float(b.sum()) for b in BATCHES[first_batch : last + 1])
@@ -117,11 +117,11 @@ def test_partial_final_loop_and_partial_last_batch(loop_options):
         assert float(logs["total"]) == pytest.approx(seen)
         assert float(logs["first"]) == BATCHES[last][0]
         assert int(logs["size"]) == len(BATCHES[last])
-    assert loop(iterator, 3) == (0, 0, None)
+    assert loop(iterator, 3)[:3] == (0, 0, None)
     assert float(counter.total.numpy()) == float(np.arange(NUM_VALUES).sum())
     assert int(counter.steps.numpy()) == len(BATCHES)
     # The same loop on a fresh iterator, asking for more steps than there are batches.
-    ran, examples, logs = loop(iter(make_dataset()), 100)
+    ran, examples, logs, _ = loop(iter(make_dataset()), 100)
     assert (ran, examples) == (len(BATCHES), NUM_VALUES)
     assert float(logs["total"]) == 2 * float(np.arange(NUM_VALUES).sum())
 
@@ -131,10 +131,10 @@ def test_loop_does_not_pull_a_batch_it_does_not_train_on(loop_options):
     counter = Counter()
     loop = loops.make_loop(counter, loop_options)
     iterator = iter(make_dataset())
-    ran, examples, logs = loop(iterator, 2)
+    ran, examples, logs, _ = loop(iterator, 2)
     assert (ran, examples, float(logs["first"])) == (2, 6, BATCHES[1][0])
-    assert loop(iterator, 0) == (0, 0, None)
-    ran, examples, logs = loop(iterator, 1)
+    assert loop(iterator, 0)[:3] == (0, 0, None)
+    ran, examples, logs, _ = loop(iterator, 1)
     assert (ran, examples, float(logs["first"])) == (1, 3, BATCHES[2][0])
     assert float(counter.total.numpy()) == float(np.concatenate(BATCHES[:3]).sum())
     assert int(counter.steps.numpy()) == 3
@@ -199,6 +199,6 @@ def test_explicit_strategy_runs_the_step():
         counter = Counter()
     loop = loops.make_loop(counter, loops.EngineOptions(steps_per_loop=2), strategy)
     dataset = strategy.experimental_distribute_dataset(make_dataset())
-    ran, _, logs = loop(iter(dataset), 100)
+    ran, _, logs, _ = loop(iter(dataset), 100)
     assert ran == len(BATCHES)
     assert float(logs["total"]) == float(np.arange(NUM_VALUES).sum())

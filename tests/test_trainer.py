@@ -151,12 +151,12 @@ def test_csv_logger_writes_epochs(tiny_dataset, tmp_path):
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(rows[0])
 
 
-def test_terminate_on_nan(tiny_data):
+def test_keras_terminate_on_nan_works_with_the_guard_off(tiny_data):
     x, y = tiny_data
     targets = np.eye(3, dtype="float32")[y]
     targets[20] = np.nan
     model = make_mlp()
-    trainer = Trainer(model, keras.optimizers.SGD(0.01), "mse")
+    trainer = Trainer(model, keras.optimizers.SGD(0.01), "mse", terminate_on_nan=False)
     trainer.fit(
         (x, targets), epochs=3, batch_size=10, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]
     )

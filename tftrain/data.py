@@ -160,16 +160,43 @@ class EpochPlan:
 
     def begin_epoch(self) -> Iterator[Any]:
         """Returns the iterator the coming epoch reads from."""
-        if self._iterator is None or self.steps_per_epoch is None:
+        return self.next_iterator()
+
+    def next_iterator(self) -> Iterator[Any]:
+        """The iterator the next training step reads from (starting a new pass if due).
+
+        A checkpoint saves this iterator: at an epoch end it is the next
+        epoch's fresh iterator, whose creation advanced the dataset's
+        reshuffling seeds exactly as an uninterrupted run's does.
+        """
+        if self._iterator is None:
             self._iterator = self._make_iterator(self.dataset)
             self._seen_in_pass = 0
         return self._iterator
+
+    def batches_in_pass(self, steps_this_epoch: int) -> int:
+        """Batches read from the current pass, given the steps run in the current epoch (all of them)."""
+        return self._seen_in_pass + steps_this_epoch
+
+    def resume(self, batches_in_pass: int, steps_in_epoch: int, iterator_restored: bool) -> None:
+        """Continues a checkpointed run at its data position.
+
+        Args:
+            batches_in_pass: Batches the checkpointed run had read from its pass.
+            steps_in_epoch: Steps it had run in its current epoch.
+            iterator_restored: Whether `next_iterator()`'s state was restored
+                from the checkpoint. If not, the pass restarts and skips
+                `batches_in_pass` batches (`dataset.skip`).
+        """
+        if not iterator_restored and batches_in_pass > 0:
+            self._iterator = self._make_iterator(self.dataset.skip(batches_in_pass))
+        self._seen_in_pass = batches_in_pass - steps_in_epoch
 
     def end_epoch(self, steps_run: int, data_ended: bool) -> None:
         """Records how the epoch went.
 
         Args:
-            steps_run: Steps the epoch ran.
+            steps_run: Steps the epoch ran (before a resume too).
             data_ended: Whether the iterator ran out of batches.
 
         Raises:
@@ -192,6 +219,8 @@ class EpochPlan:
                     stacklevel=3,
                 )
             self._iterator = None
+        elif self.steps_per_epoch is None:
+            self._iterator = None  # every epoch is a fresh pass
         elif (
             self.steps_per_epoch is not None
             and self._batches_per_pass is not None

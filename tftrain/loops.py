@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tftrain import timing
@@ -97,6 +98,50 @@ def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None
     return None if None in sizes else sum(sizes)
 
 
+def is_loss_key(key: str) -> bool:
+    """Whether a log is a loss the non-finite guard watches: `loss` or `*_loss`."""
+    return key == "loss" or key.endswith("_loss")
+
+
+def _loss_logs(logs: Any) -> list[Any]:
+    if not isinstance(logs, dict):
+        return []
+    return [value for key, value in logs.items() if isinstance(key, str) and is_loss_key(key)]
+
+
+def _nonfinite_in_graph(logs: Any) -> tf.Tensor:
+    """In-graph: whether any loss in the logs holds a NaN or an infinity."""
+    checks = [
+        tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.cast(value, tf.float32))))
+        for value in _loss_logs(logs)
+    ]
+    return tf.reduce_any(tf.stack(checks)) if checks else tf.constant(False)
+
+
+def _nonfinite_on_host(logs: Any) -> bool:
+    return any(not np.all(np.isfinite(np.asarray(value, dtype=np.float64))) for value in _loss_logs(logs))
+
+
+class LoopResult(NamedTuple):
+    """What one call of a `StepLoop` did.
+
+    Attributes:
+        steps: Steps that ran (fewer than asked if the data ended or a loss
+            was not finite).
+        examples: Examples those steps consumed, or None where the batch size
+            is not known on the host.
+        logs: The last step's outputs (None if no step ran).
+        nonfinite: Whether the last step's loss (a `loss` or `*_loss` log) was
+            NaN or infinite; the loop stops right after such a step. Only set
+            when the loop was built with `stop_on_nonfinite=True`.
+    """
+
+    steps: int
+    examples: int | None
+    logs: Any
+    nonfinite: bool = False
+
+
 class StepLoop:
     """Runs up to `num_steps` steps on an iterator per call.
 
@@ -112,15 +157,17 @@ class StepLoop:
         trace_counter: timing.TraceCounter,
         in_graph: bool,
         strategy: tf.distribute.Strategy,
+        stop_on_nonfinite: bool = False,
     ):
         self.step = step
         self.trace_counter = trace_counter
         self.in_graph = in_graph
         self.strategy = strategy
-        self._graph_loop = _make_graph_loop(step, strategy) if in_graph else None
+        self.stop_on_nonfinite = stop_on_nonfinite
+        self._graph_loop = _make_graph_loop(step, strategy, stop_on_nonfinite) if in_graph else None
         self._num_steps_cache: dict[int, tf.Tensor] = {}
 
-    def __call__(self, iterator: Iterator[Any], num_steps: int) -> tuple[int, int | None, Any]:
+    def __call__(self, iterator: Iterator[Any], num_steps: int) -> LoopResult:
         """Runs the steps.
 
         Args:
@@ -128,24 +175,28 @@ class StepLoop:
             num_steps: The most steps to run; fewer run if the data ends.
 
         Returns:
-            `(steps_run, examples, logs)`: examples is None where the batch
-            size is not known on the host; logs are the last step's outputs
-            (None if no step ran).
+            A `LoopResult`.
         """
         if self._graph_loop is None:
-            return _host_loop(self.step, iterator, num_steps, self.strategy)
+            return _host_loop(self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite)
         # A cached tensor: passing a fresh Python int would retrace each call.
         count = self._num_steps_cache.get(num_steps)
         if count is None:
             count = self._num_steps_cache[num_steps] = tf.constant(num_steps, tf.int32)
-        steps, examples, optional_logs = self._graph_loop(iterator, count)
+        steps, examples, optional_logs, nonfinite = self._graph_loop(iterator, count)
         steps = int(steps)
         if steps == 0:
-            return 0, 0, None
-        return steps, int(examples), optional_logs.get_value()
+            return LoopResult(0, 0, None)
+        return LoopResult(steps, int(examples), optional_logs.get_value(), bool(nonfinite))
 
 
-def _host_loop(step: StepFn, iterator: Iterator[Any], num_steps: int, strategy: tf.distribute.Strategy):
+def _host_loop(
+    step: StepFn,
+    iterator: Iterator[Any],
+    num_steps: int,
+    strategy: tf.distribute.Strategy,
+    stop_on_nonfinite: bool,
+) -> LoopResult:
     steps, examples, logs = 0, 0, None
     for _ in range(num_steps):
         try:
@@ -156,34 +207,39 @@ def _host_loop(step: StepFn, iterator: Iterator[Any], num_steps: int, strategy: 
         steps += 1
         size = _host_batch_size(batch, strategy)
         examples = None if examples is None or size is None else examples + size
-    return steps, examples, logs
+        if stop_on_nonfinite and _nonfinite_on_host(logs):
+            return LoopResult(steps, examples, logs, True)
+    return LoopResult(steps, examples, logs)
 
 
-def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
+def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy, stop_on_nonfinite: bool):
     """A `tf.function` that runs up to `num_steps` steps of `step`.
 
     Batches come from `iterator.get_next_as_optional()`, so a final partial
     loop (the data ends before `num_steps`) is handled in the graph. The
     step's output structure comes from its concrete function, so the loop
-    carries an `Optional` of exactly that type.
+    carries an `Optional` of exactly that type. With `stop_on_nonfinite`, the
+    loop also stops right after a step whose loss is not finite.
     """
 
     def loop(iterator, num_steps):
         concrete = step.get_concrete_function(iterator.element_spec)
         output_spec = tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs)
 
-        def cond(i, examples, outputs, next_batch):
+        def cond(i, examples, outputs, next_batch, nonfinite):
             del examples, outputs
-            return tf.logical_and(i < num_steps, next_batch.has_value())
+            going = tf.logical_and(i < num_steps, next_batch.has_value())
+            return tf.logical_and(going, tf.logical_not(nonfinite))
 
-        def body(i, examples, outputs, next_batch):
-            del outputs
+        def body(i, examples, outputs, next_batch, nonfinite):
+            del outputs, nonfinite
             batch = next_batch.get_value()
             logs = step(batch)
+            nonfinite = _nonfinite_in_graph(logs) if stop_on_nonfinite else tf.constant(False)
             # Only fetch another batch if it will be used: a fetched batch that
             # is never trained on would be lost from the iterator.
             following = tf.cond(
-                i + 1 < num_steps,
+                tf.logical_and(i + 1 < num_steps, tf.logical_not(nonfinite)),
                 iterator.get_next_as_optional,
                 lambda: tf.experimental.Optional.empty(iterator.element_spec),
             )
@@ -192,6 +248,7 @@ def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
                 examples + _examples_in(batch, strategy),
                 tf.experimental.Optional.from_value(logs),
                 following,
+                nonfinite,
             )
 
         first = tf.cond(
@@ -199,7 +256,7 @@ def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
             iterator.get_next_as_optional,
             lambda: tf.experimental.Optional.empty(iterator.element_spec),
         )
-        steps, examples, outputs, _ = tf.while_loop(
+        steps, examples, outputs, _, nonfinite = tf.while_loop(
             cond,
             body,
             loop_vars=[
@@ -207,9 +264,10 @@ def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
                 tf.constant(0, tf.int64),
                 tf.experimental.Optional.empty(output_spec),
                 first,
+                tf.constant(False),
             ],
         )
-        return steps, examples, outputs
+        return steps, examples, outputs, nonfinite
 
     return tf.function(loop, reduce_retracing=True)
 
@@ -219,6 +277,7 @@ def make_loop(
     options: EngineOptions,
     strategy: tf.distribute.Strategy | None = None,
     name: str = "train_step",
+    stop_on_nonfinite: bool = False,
 ) -> StepLoop:
     """Builds the engine for one step function.
 
@@ -228,6 +287,9 @@ def make_loop(
         strategy: Runs the step on each replica (`strategy.run`) and averages
             per-replica outputs. None means the current strategy.
         name: The step's name for trace warnings.
+        stop_on_nonfinite: Stop a call right after a step whose loss (a
+            `loss` or `*_loss` log) is NaN or infinite, and flag it in the
+            result (an in-graph check inside a k-step loop).
 
     Returns:
         A `StepLoop`.
@@ -245,4 +307,4 @@ def make_loop(
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
     in_graph = options.use_tf_function and options.steps_per_loop > 1
-    return StepLoop(step, counter, in_graph, strategy)
+    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite)

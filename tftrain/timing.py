@@ -25,6 +25,10 @@ import tensorflow as tf
 # relaxed shape after a partial last batch (`reduce_retracing=True`).
 RETRACE_WARNING_THRESHOLD = 4
 
+# Step times kept in a checkpoint's timing state (the median of a resumed run
+# is taken over these).
+MAX_SAVED_STEP_TIMES = 10_000
+
 
 @dataclasses.dataclass(frozen=True)
 class TimingReport:
@@ -184,6 +188,7 @@ class StepTimer:
         self.steady_examples_known = True
         self.steps = 0
         self._start: float | None = None
+        self._window = [0, 0, 0.0, True]  # steady steps, examples, seconds, examples known
 
     def begin_call(self) -> None:
         """Starts the clock for one host call."""
@@ -213,6 +218,51 @@ class StepTimer:
             self.steady_examples_known = False
         else:
             self.steady_examples += examples
+        self._window[0] += steps
+        self._window[1] += examples or 0
+        self._window[2] += elapsed
+        self._window[3] = self._window[3] and examples is not None
+
+    def take_window(self) -> dict[str, float]:
+        """Steady-state rates since the previous call (for periodic summaries).
+
+        Returns:
+            `steps_per_sec`, `examples_per_sec` (if the batch sizes were known)
+            and `step_time_s` (mean seconds per step); empty if no steady-state
+            call ran since the previous call.
+        """
+        steps, examples, seconds, examples_known = self._window
+        self._window = [0, 0, 0.0, True]
+        if steps == 0 or seconds <= 0:
+            return {}
+        rates = {"steps_per_sec": steps / seconds, "step_time_s": seconds / steps}
+        if examples_known:
+            rates["examples_per_sec"] = examples / seconds
+        return rates
+
+    def state_dict(self) -> dict[str, Any]:
+        """What was measured, as JSON-serializable values (saved with checkpoints).
+
+        At most the last `MAX_SAVED_STEP_TIMES` step times are kept.
+        """
+        return {
+            "first_call_s": self.first_call_s,
+            "step_times": self.step_times[-MAX_SAVED_STEP_TIMES:],
+            "steady_seconds": self.steady_seconds,
+            "steady_examples": self.steady_examples,
+            "steady_examples_known": self.steady_examples_known,
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a `state_dict()` (a resumed run's report covers the whole run)."""
+        self.reset()
+        self.first_call_s = state["first_call_s"]
+        self.step_times = list(state["step_times"])
+        self.steady_seconds = float(state["steady_seconds"])
+        self.steady_examples = int(state["steady_examples"])
+        self.steady_examples_known = bool(state["steady_examples_known"])
+        self.steps = int(state["steps"])
 
     def report(self, trace_count: int) -> TimingReport:
         """Builds the report from what was measured."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
+from tftrain import checkpoint as checkpoint_lib
 from tftrain import data as data_lib
-from tftrain import loops, timing
+from tftrain import hooks, loops, summaries, timing, training_run
 from tftrain.model import CustomModel
 
 _DEFAULT_MODEL_STEPS = {
@@ -27,53 +27,6 @@ _DEFAULT_MODEL_STEPS = {
 
 def _uses_default_step(model: keras.Model, name: str) -> bool:
     return getattr(type(model), name) in _DEFAULT_MODEL_STEPS[name]
-
-
-def pythonify_logs(logs: dict[str, Any] | None) -> dict[str, Any]:
-    """Logs of tensors -> Python floats (scalars) or lists (anything else)."""
-    result = {}
-    for key, value in (logs or {}).items():
-        array = np.asarray(value)
-        result[key] = array.item() if array.ndim == 0 else array.tolist()
-    return result
-
-
-_BATCH_HOOKS = {
-    "train": ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end"),
-    "test": ("on_test_batch_begin", "on_test_batch_end"),
-}
-
-
-def _batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str):
-    """The list's batch hooks for `kind`, or no-ops if no callback overrides them.
-
-    Keras's CallbackList converts the logs to Python values on every batch
-    hook call (a host sync and ~13 us per step), even when no callback reads them.
-    """
-    base = keras.callbacks.Callback
-    names = _BATCH_HOOKS[kind]
-    # A hook is implemented if it is not Callback's own method (LambdaCallback
-    # sets hooks as instance attributes, so look at the bound attribute).
-    implemented = any(
-        getattr(getattr(cb, name), "__func__", None) is not getattr(base, name)
-        for cb in callback_list.callbacks
-        for name in names
-    )
-    if not implemented:
-        return _no_hook, _no_hook
-    return getattr(callback_list, f"on_{kind}_batch_begin"), getattr(callback_list, f"on_{kind}_batch_end")
-
-
-def _no_hook(batch: int, logs: Any = None) -> None:
-    del batch, logs
-
-
-def _block_until_ready(logs: Any) -> None:
-    """Waits for a step's outputs, so the clock reads device time too."""
-    for value in tf.nest.flatten(logs):
-        if hasattr(value, "numpy"):
-            value.numpy()
-            return
 
 
 class Trainer:
@@ -112,10 +65,27 @@ class Trainer:
             current one.
         measure_timing: Time every host call (one host sync per call) and
             build `trainer.timing`. Trace counting is always on.
+        model_dir: A directory for checkpoints (`model_dir/checkpoints`) and
+            TensorBoard event files (`model_dir/train`, `model_dir/validation`).
+            `fit` on a `model_dir` that holds a checkpoint resumes from it and
+            trains up to the same target, so rerunning a killed command
+            finishes the job.
+        checkpoint_every_steps: Also save every this many training steps
+            (None: only at epoch ends). Needs `model_dir`.
+        max_to_keep: Checkpoints kept in `model_dir`.
+        summary_every_steps: Also write training summaries every this many
+            steps (None: only at epoch ends). Needs `model_dir`.
+        profile_steps: `(start, stop)`: run the TensorFlow profiler over these
+            training steps (1-based, both included); the trace goes to
+            `model_dir/train` for TensorBoard's profile tab. Needs `model_dir`.
+        terminate_on_nan: Stop with `NonFiniteLossError` at the first step
+            whose loss (a `loss` or `*_loss` log) is NaN or infinite; no
+            checkpoint is written for it.
 
     Raises:
         TypeError: `model` is not a `keras.Model`, or an option has the wrong type.
-        ValueError: an option has a bad value.
+        ValueError: an option has a bad value, or `model_dir` is a file or
+            not writable.
     """
 
     def __init__(
@@ -130,6 +100,12 @@ class Trainer:
         steps_per_loop: int = 1,
         strategy: tf.distribute.Strategy | None = None,
         measure_timing: bool = True,
+        model_dir: str | None = None,
+        checkpoint_every_steps: int | None = None,
+        max_to_keep: int = 5,
+        summary_every_steps: int | None = None,
+        profile_steps: tuple[int, int] | None = None,
+        terminate_on_nan: bool = True,
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -145,12 +121,53 @@ class Trainer:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.model = model
         self.measure_timing = bool(measure_timing)
+        self._set_run_options(
+            model_dir, checkpoint_every_steps, max_to_keep, summary_every_steps, profile_steps, terminate_on_nan
+        )
         if optimizer is not None or loss is not None or metrics is not None:
             with self.strategy.scope():
                 model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
         self.timing: timing.TimingReport | None = None
         self._train_loop: loops.StepLoop | None = None
         self._eval_loop: loops.StepLoop | None = None
+
+    def _set_run_options(
+        self, model_dir, checkpoint_every_steps, max_to_keep, summary_every_steps, profile_steps, terminate_on_nan
+    ) -> None:
+        for name, value in (
+            ("checkpoint_every_steps", checkpoint_every_steps),
+            ("summary_every_steps", summary_every_steps),
+        ):
+            summaries.check_every_steps(value, name)
+        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise ValueError(
+                f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
+                "Expected an integer >= 1."
+            )
+        if not isinstance(terminate_on_nan, bool):
+            raise TypeError(
+                f"Invalid value for argument `terminate_on_nan`. Received: terminate_on_nan={terminate_on_nan!r}. "
+                "Expected True or False."
+            )
+        self.profile_steps = summaries.check_profile_steps(profile_steps)
+        if model_dir is None:
+            given = {
+                "checkpoint_every_steps": checkpoint_every_steps,
+                "summary_every_steps": summary_every_steps,
+                "profile_steps": profile_steps,
+            }
+            needing = [(name, value) for name, value in given.items() if value is not None]
+            if needing:
+                name, value = needing[0]
+                raise ValueError(
+                    f"Invalid combination of arguments. Received: {name}={value!r} with model_dir=None. "
+                    "Expected a `model_dir` to write checkpoints, summaries and profiles to."
+                )
+        self.model_dir = None if model_dir is None else checkpoint_lib.ensure_writable_directory(model_dir, "model_dir")
+        self.checkpoint_every_steps = checkpoint_every_steps
+        self.max_to_keep = max_to_keep
+        self.summary_every_steps = summary_every_steps
+        self.terminate_on_nan = terminate_on_nan
 
     # ----------------------------------------------------------------- steps
 
@@ -224,7 +241,9 @@ class Trainer:
     def _loop(self, kind: str) -> loops.StepLoop:
         if kind == "train":
             if self._train_loop is None:
-                self._train_loop = loops.make_loop(self.train_step, self.options, self.strategy, "train_step")
+                self._train_loop = loops.make_loop(
+                    self.train_step, self.options, self.strategy, "train_step", stop_on_nonfinite=self.terminate_on_nan
+                )
             return self._train_loop
         if self._eval_loop is None:
             self._eval_loop = loops.make_loop(self.eval_step, self.options, self.strategy, "eval_step")
@@ -276,7 +295,7 @@ class Trainer:
             raise ValueError(
                 f"Invalid value for argument `epochs`. Received: epochs={epochs!r}. Expected an integer >= 0."
             )
-        verbose = _check_verbose(verbose)
+        verbose = hooks.check_verbose(verbose)
         self._check_model_step("train_step", "train_step")
         dataset = data_lib.as_dataset(train_data, argument="train_data", batch_size=batch_size, shuffle=True)
         plan = data_lib.EpochPlan(dataset, steps_per_epoch, "train_data", make_iterator=self._make_iterator())
@@ -294,7 +313,9 @@ class Trainer:
                 make_iterator=self._make_iterator(),
             )
         self._build(dataset)
-
+        train_loop = self._loop("train")
+        timer = timing.StepTimer()
+        run = self._start_run(plan, epochs, timer, train_loop)
         callback_list = keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
@@ -304,34 +325,100 @@ class Trainer:
             epochs=epochs,
             steps=plan.steps,
         )
-        train_loop = self._loop("train")
-        traces_at_start = train_loop.trace_counter.count
-        timer = timing.StepTimer()
         self.model.stop_training = False
         epoch_logs: dict[str, Any] = {}
-        callback_list.on_train_begin()
-        for epoch in range(epochs):
-            self.reset_metrics()
-            callback_list.on_epoch_begin(epoch)
-            logs = self._run_pass(
-                plan,
-                train_loop,
-                *_batch_hooks(callback_list, "train"),
-                timer if self.measure_timing else None,
-                stoppable=True,
-            )
-            epoch_logs = pythonify_logs(logs)
-            if val_plan is not None and not self.model.stop_training:
-                val_logs = self._run_evaluation(val_plan, callback_list)
-                epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
-            callback_list.on_epoch_end(epoch, epoch_logs)
-            if self.model.stop_training:
-                break
-        callback_list.on_train_end(logs=epoch_logs)
-        self.timing = timer.report(train_loop.trace_counter.count - traces_at_start)
+        try:
+            callback_list.on_train_begin()
+            for epoch in range(run.progress.epoch, epochs):
+                if run.progress.step_in_epoch == 0:  # else: resumed mid-epoch, metrics restored
+                    self.reset_metrics()
+                callback_list.on_epoch_begin(epoch)
+                logs = self._run_pass(
+                    plan,
+                    train_loop,
+                    *hooks.batch_hooks(callback_list, "train"),
+                    timer if self.measure_timing else None,
+                    run=run,
+                )
+                epoch_logs = hooks.pythonify_logs(logs)
+                if val_plan is not None and not self.model.stop_training:
+                    val_logs = self._run_evaluation(val_plan, callback_list)
+                    epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
+                callback_list.on_epoch_end(epoch, epoch_logs)
+                run.end_epoch(epoch_logs)
+                if self.model.stop_training:
+                    break
+            callback_list.on_train_end(logs=epoch_logs)
+        finally:
+            run.close()
+        self.timing = timer.report(train_loop.trace_counter.count - run.traces_before)
         if verbose and self.measure_timing:
             print(f"tftrain timing ({self.options.name}):\n{self.timing.summary()}")
         return self.model.history
+
+    def _own_trackables(self) -> dict[str, Any]:
+        """State a Trainer subclass keeps in its own attributes (optimizers, metrics, variables)."""
+        state: dict[str, Any] = {}
+        metric_variables = []
+        for name, value in sorted(vars(self).items()):
+            if isinstance(value, keras.metrics.Metric):
+                metric_variables += list(value.variables)
+            elif value is not self.model and isinstance(
+                value, (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable)
+            ):
+                state[f"trainer_{name}"] = value
+        if metric_variables:
+            state["trainer_metrics"] = metric_variables
+        return state
+
+    def _start_run(
+        self,
+        plan: data_lib.EpochPlan,
+        epochs: int,
+        timer: timing.StepTimer,
+        train_loop: loops.StepLoop,
+    ) -> training_run.TrainingRun:
+        """Sets up checkpoints, summaries and the profiler; restores a checkpoint if there is one."""
+        total_steps = epochs * plan.steps if plan.steps is not None else None
+        window = summaries.check_profile_steps(self.profile_steps, total_steps)
+        progress = checkpoint_lib.Progress()
+        checkpointer = writer = profile = None
+        restored_traces = 0
+        if self.model_dir is not None:
+            checkpointer = checkpoint_lib.Checkpointer(
+                f"{self.model_dir}/checkpoints",
+                checkpoint_lib.training_state(self.model, self._own_trackables()),
+                max_to_keep=self.max_to_keep,
+            )
+            restored = checkpointer.restore_latest(plan.next_iterator())
+            if restored is not None:
+                progress = restored
+                plan.resume(progress.batches_in_pass, progress.step_in_epoch, checkpointer.iterator_restored)
+                state = checkpointer.timing_state
+                if state is not None:
+                    timer.load_state_dict(state["timer"])
+                    restored_traces = int(state["trace_count"])
+                print(
+                    f"tftrain: resumed from {checkpointer.latest} at step {progress.global_step} "
+                    f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch)."
+                )
+            writer = summaries.TrainingSummaries(self.model_dir, every_steps=self.summary_every_steps)
+            if window is not None:
+                profile = summaries.ProfileWindow(f"{self.model_dir}/train", window)
+        run = training_run.TrainingRun(
+            plan,
+            progress,
+            timer=timer if self.measure_timing else None,
+            trace_count=lambda: train_loop.trace_counter.count,
+            checkpointer=checkpointer,
+            checkpoint_every_steps=self.checkpoint_every_steps,
+            summaries_writer=writer,
+            profile=profile,
+            optimizer=getattr(self.model, "optimizer", None),
+            terminate_on_nan=self.terminate_on_nan,
+        )
+        run.traces_before = train_loop.trace_counter.count - restored_traces
+        return run
 
     def _run_pass(
         self,
@@ -340,32 +427,43 @@ class Trainer:
         on_batch_begin,
         on_batch_end,
         timer: timing.StepTimer | None = None,
-        stoppable: bool = False,
+        run: training_run.TrainingRun | None = None,
     ) -> dict[str, Any] | None:
-        """Runs one epoch (or one evaluation) of host calls; returns the last logs."""
+        """Runs one epoch (or one evaluation) of host calls; returns the last logs.
+
+        With a `run` (training), the epoch starts at the run's step in the
+        epoch (after a resume), host calls end at checkpoint and profiler
+        edges, and `model.stop_training` ends the epoch.
+        """
         iterator = plan.begin_epoch()
         target = plan.steps
-        step, logs, data_ended = 0, None, False
+        step = run.progress.step_in_epoch if run is not None else 0
+        logs, data_ended = None, False
         while target is None or step < target:
             wanted = self.options.steps_per_loop
             if target is not None:
                 wanted = min(wanted, target - step)
+            if run is not None:
+                wanted = run.steps_allowed(wanted)
+                run.before_call()
             on_batch_begin(step)
             traces_before = step_loop.trace_counter.count
             if timer is not None:
                 timer.begin_call()
-            ran, examples, step_logs = step_loop(iterator, wanted)
+            result = step_loop(iterator, wanted)
             if timer is not None:
-                _block_until_ready(step_logs)
-                timer.end_call(ran, examples, traced=step_loop.trace_counter.count != traces_before)
-            if ran:
-                step += ran
-                logs = step_logs
+                hooks.block_until_ready(result.logs)
+                timer.end_call(result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before)
+            if run is not None:
+                run.after_call(result, target)
+            if result.steps:
+                step += result.steps
+                logs = result.logs
                 on_batch_end(step - 1, logs)
-            if ran < wanted:
+            if result.steps < wanted:
                 data_ended = True
                 break
-            if stoppable and self.model.stop_training:
+            if run is not None and self.model.stop_training:
                 break
         plan.end_epoch(step, data_ended)
         return logs
@@ -404,19 +502,9 @@ class Trainer:
         logs = self._run_pass(
             plan,
             self._loop("eval"),
-            *_batch_hooks(callback_list, "test"),
+            *hooks.batch_hooks(callback_list, "test"),
         )
-        results = pythonify_logs(logs)
+        results = hooks.pythonify_logs(logs)
         callback_list.on_test_end(results)
         return results
 
-
-def _check_verbose(verbose: int | str) -> int:
-    if verbose == "auto":
-        return 1
-    if verbose in (0, 1, 2) and not isinstance(verbose, bool):
-        return int(verbose)
-    raise ValueError(
-        f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. "
-        'Expected 0 (silent), 1 (progress bar), 2 (one line per epoch) or "auto".'
-    )

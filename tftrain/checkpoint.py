@@ -1,0 +1,489 @@
+"""Checkpoints for exact resume: what is saved, crash-safe saving, validated restore.
+
+A `Checkpointer` keeps the checkpoints of one training run in a directory,
+through `tf.train.Checkpoint` and `tf.train.CheckpointManager`. A checkpoint
+holds the model, its optimizer (slots and iteration count), the state of every
+Keras `SeedGenerator` the model uses (Dropout, random augmentation layers: not
+part of a model's weights, so a plain weights checkpoint loses them), metric
+states, the run's progress (epoch, step), the timing state, and the training
+data iterator where `tf.data` can save it.
+
+Saving is crash-safe because TensorFlow writes a checkpoint's files first and
+only then records it in the `checkpoint` state file (an atomic rename): a kill
+during a save leaves the previous checkpoint as the latest one. What such a
+kill leaves behind (temporary directories, unrecorded files) is removed when a
+`Checkpointer` restores. Restoring reads every tensor of a checkpoint before
+assigning anything, so a corrupt checkpoint is found before it can half-restore
+the model, and an older good one is used instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+CHECKPOINT_NAME = "ckpt"
+_VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be used."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """No recorded checkpoint in a directory can be read."""
+
+
+class IncompatibleCheckpointError(CheckpointError, ValueError):
+    """A checkpoint does not fit the model (variables missing, extra, or of another shape)."""
+
+
+class NonFiniteStateError(CheckpointError, FloatingPointError):
+    """Training state holds NaN or infinite values, so it is not checkpointed."""
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a training run is.
+
+    Attributes:
+        epoch: The epoch being trained (epochs completed, at an epoch end).
+        step_in_epoch: Steps done in `epoch`.
+        global_step: Training steps done in the whole run.
+        batches_in_pass: Batches the training iterator has yielded since it
+            started its current pass over the data (used to resume by
+            skipping batches where the iterator itself cannot be saved).
+    """
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    batches_in_pass: int = 0
+
+
+def seed_generator_states(model: keras.Model) -> list[keras.Variable]:
+    """The model's random-generator states: its variables that are not weights.
+
+    Keras layers that draw random numbers (Dropout, GaussianNoise, random
+    augmentation) keep a `SeedGenerator` whose state is a variable listed in
+    `model.variables` but not in `model.weights`.
+    """
+    weights = {id(variable) for variable in model.weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
+
+
+def training_state(model: keras.Model, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The trackable objects that make up a model's training state.
+
+    Args:
+        model: The model (its optimizer and metrics come with it).
+        extra: More trackables to save by name, e.g. a second optimizer.
+
+    Returns:
+        A dict of name -> trackable for `tf.train.Checkpoint`.
+    """
+    state: dict[str, Any] = {
+        "model": model,
+        "seed_states": seed_generator_states(model),
+        "metrics": [variable for metric in model.metrics for variable in metric.variables],
+    }
+    if getattr(model, "optimizer", None) is not None:
+        state["optimizer"] = model.optimizer
+    state.update(extra or {})
+    return state
+
+
+def _escape(name: str) -> str:
+    # How tf.train.Checkpoint escapes an object's name inside a checkpoint key.
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def _variables_by_key(root: Any) -> dict[str, Any]:
+    """Checkpoint key -> variable for everything `root` saves.
+
+    A breadth-first walk over the object graph, naming each object by its
+    first (shortest) path, as `tf.train.Checkpoint` names them.
+    """
+    view = tf.train.TrackableView(root)
+    paths: dict[int, tuple[str, ...]] = {id(root): ()}
+    queue, found = [root], {}
+    while queue:
+        parent = queue.pop(0)
+        for name, child in view.children(parent).items():
+            if id(child) in paths:
+                continue
+            paths[id(child)] = paths[id(parent)] + (name,)
+            queue.append(child)
+            if isinstance(child, (tf.Variable, keras.Variable)):
+                key = "/".join(_escape(part) for part in paths[id(child)]) + _VARIABLE_SUFFIX
+                found[key] = child
+    return found
+
+
+def _describe(key: str, variable: Any = None) -> str:
+    short = key[: -len(_VARIABLE_SUFFIX)] if key.endswith(_VARIABLE_SUFFIX) else key
+    path = getattr(variable, "path", None) or getattr(variable, "name", None)
+    return f"`{path}` (checkpoint key {short})" if path else f"checkpoint key {short}"
+
+
+def _shape(shape: Any) -> tuple[int | None, ...]:
+    return tuple(tf.TensorShape(shape).as_list())
+
+
+def check_compatible(path: str, reader: tf.train.CheckpointReader, root: Any) -> None:
+    """Raises `IncompatibleCheckpointError` if `root`'s variables do not match the checkpoint.
+
+    Args:
+        path: The checkpoint (for the message).
+        reader: `tf.train.load_checkpoint(path)`.
+        root: What would be restored (a `tf.train.Checkpoint`).
+    """
+    saved = {
+        key: _shape(shape)
+        for key, shape in reader.get_variable_to_shape_map().items()
+        if key.endswith(_VARIABLE_SUFFIX)
+    }
+    expected = _variables_by_key(root)
+    problems = []
+    for key, variable in expected.items():
+        if key not in saved:
+            problems.append(f"variable {_describe(key, variable)} of shape {_shape(variable.shape)} is not in the checkpoint")
+        elif saved[key] != _shape(variable.shape):
+            problems.append(
+                f"variable {_describe(key, variable)} has shape {saved[key]} in the checkpoint "
+                f"but {_shape(variable.shape)} in the model"
+            )
+    problems += [
+        f"the checkpoint has {_describe(key)} of shape {shape}, which the model lacks"
+        for key, shape in saved.items()
+        if key not in expected
+    ]
+    if problems:
+        listed = "\n  - ".join(problems[:10])
+        more = f"\n  (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise IncompatibleCheckpointError(
+            f"The checkpoint {path} does not fit this model; nothing was restored:\n  - {listed}{more}\n"
+            "Expected the same model (and optimizer) as the run that wrote it. To train this model "
+            "from scratch, use another `model_dir` (or move this one away)."
+        )
+
+
+def read_all_tensors(reader: tf.train.CheckpointReader) -> None:
+    """Reads (and so checksums) every tensor of a checkpoint; raises on a damaged file.
+
+    Variant tensors (a data iterator's state) cannot be read here; they are
+    checked when they are restored.
+    """
+    for key, dtype in reader.get_variable_to_dtype_map().items():
+        if dtype != tf.variant:
+            reader.get_tensor(key)
+
+
+def _is_checkpointable_iterator(iterator: Any) -> bool:
+    # tf.data iterators are trackable; distributed iterators are not.
+    return isinstance(iterator, tf.data.Iterator)
+
+
+class Checkpointer:
+    """Saves and restores a training run's state in one directory.
+
+    Args:
+        directory: Where checkpoints go (created if needed).
+        state: Name -> trackable (see `training_state`).
+        max_to_keep: Checkpoints kept; older ones are deleted.
+
+    Raises:
+        ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
+    """
+
+    def __init__(self, directory: str, state: Mapping[str, Any], *, max_to_keep: int = 5):
+        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise ValueError(
+                f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
+                "Expected an integer >= 1."
+            )
+        self.directory = ensure_writable_directory(directory, "model_dir")
+        self.max_to_keep = max_to_keep
+        with tf.init_scope():
+            self._progress = {
+                field.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=field.name)
+                for field in dataclasses.fields(Progress)
+            }
+            self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
+            self._timing = tf.Variable("", dtype=tf.string, trainable=False, name="timing_state")
+        self._state = dict(state)
+        self._data = tf.Module(name="data")
+        self._iterator_unsaveable_reason: str | None = None
+        self._root = tf.train.Checkpoint(
+            **self._state,
+            progress=self._progress,
+            iterator_saved=self._iterator_saved,
+            timing=self._timing,
+            data=self._data,
+        )
+        self._manager: tf.train.CheckpointManager | None = None
+        self.timing_state: dict[str, Any] | None = None
+        self.iterator_restored = False
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def manager(self) -> tf.train.CheckpointManager:
+        if self._manager is None:
+            self._manager = tf.train.CheckpointManager(
+                self._root, self.directory, max_to_keep=self.max_to_keep, checkpoint_name=CHECKPOINT_NAME
+            )
+        return self._manager
+
+    @property
+    def latest(self) -> str | None:
+        """The newest recorded checkpoint, or None."""
+        return self.manager.latest_checkpoint
+
+    def _recorded(self) -> list[str] | None:
+        """Recorded checkpoints (oldest first); None if the state file cannot be parsed."""
+        try:
+            state = tf.train.get_checkpoint_state(self.directory)
+        except Exception as error:  # a damaged state file: a protobuf parse error
+            warnings.warn(
+                f"The checkpoint state file in {self.directory} cannot be read ({error}); looking for "
+                "checkpoint files directly.",
+                stacklevel=3,
+            )
+            return None
+        return list(state.all_model_checkpoint_paths) if state else []
+
+    def _found_on_disk(self) -> list[str]:
+        pattern = re.compile(rf"^{CHECKPOINT_NAME}-(\d+)\.index$")
+        numbers = sorted(
+            int(match.group(1))
+            for name in tf.io.gfile.listdir(self.directory)
+            if (match := pattern.match(name))
+        )
+        return [tf.io.gfile.join(self.directory, f"{CHECKPOINT_NAME}-{n}") for n in numbers]
+
+    def clean_leftovers(self) -> list[str]:
+        """Removes what an interrupted save left behind; returns the removed paths.
+
+        That is: temporary shard directories (`ckpt-N_temp`), temporary state
+        files (`checkpoint.tmp...`), and checkpoint files that the state file
+        does not record (a save killed before it was recorded).
+        """
+        recorded = self._recorded()
+        kept = None if recorded is None else {tf.io.gfile.join(self.directory, p.split("/")[-1]) for p in recorded}
+        file_pattern = re.compile(rf"^({CHECKPOINT_NAME}-\d+)\.(index|data-\d+-of-\d+)$")
+        removed = []
+        for name in tf.io.gfile.listdir(self.directory):
+            name = name.rstrip("/")
+            full = tf.io.gfile.join(self.directory, name)
+            if name.startswith(f"{CHECKPOINT_NAME}-") and "_temp" in name and tf.io.gfile.isdir(full):
+                tf.io.gfile.rmtree(full)
+            elif name.startswith("checkpoint.tmp"):
+                tf.io.gfile.remove(full)
+            elif (match := file_pattern.match(name)) and kept is not None:
+                if tf.io.gfile.join(self.directory, match.group(1)) in kept:
+                    continue
+                tf.io.gfile.remove(full)
+            else:
+                continue
+            removed.append(full)
+        return removed
+
+    # ---------------------------------------------------------------- restore
+
+    def restore_latest(self, iterator: Any = None) -> Progress | None:
+        """Restores the newest good checkpoint, if any.
+
+        Cleans leftovers of interrupted saves first. A checkpoint that cannot
+        be read is skipped with a warning naming it (its files are renamed
+        with a `.corrupt` suffix, not deleted), and the previous one is used.
+
+        Args:
+            iterator: The training iterator the run will read from; its state
+                is restored where the checkpoint saved one.
+
+        Returns:
+            The restored progress, or None if the directory holds no
+            checkpoint. `iterator_restored` then says whether the iterator's
+            state was restored (else resume by skipping `batches_in_pass`).
+
+        Raises:
+            IncompatibleCheckpointError: the checkpoint does not fit the model
+                (nothing is restored).
+            CorruptCheckpointError: checkpoints exist but none can be read.
+        """
+        self.clean_leftovers()
+        recorded = self._recorded()
+        candidates = self._found_on_disk() if recorded is None else recorded
+        failures = []
+        for path in reversed(candidates):
+            try:
+                reader = tf.train.load_checkpoint(path)
+                read_all_tensors(reader)
+                progress = self._restore_from(path, reader, iterator)
+            except IncompatibleCheckpointError:
+                raise
+            except Exception as error:  # any read error means this checkpoint is damaged
+                failures.append((path, error))
+                warnings.warn(
+                    f"The checkpoint {path} cannot be read ({type(error).__name__}: {error}); "
+                    "falling back to the previous checkpoint.",
+                    stacklevel=2,
+                )
+                continue
+            if failures:
+                self._drop_newer(path, [failed for failed, _ in failures])
+            return progress
+        if failures:
+            listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in failures)
+            raise CorruptCheckpointError(
+                f"Every checkpoint in {self.directory} is damaged, so training cannot resume:\n{listed}\n"
+                "Expected at least one readable checkpoint. Move the directory away (or pass another "
+                "`model_dir`) to train from scratch."
+            )
+        return None
+
+    def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
+        # Separate roots for reading: TF keeps a pending ("deferred") restore for any
+        # saved object missing from the root it reads into, and would apply it to
+        # the next iterator attached to `self._root` at a later save.
+        state_root = tf.train.Checkpoint(
+            **self._state, progress=self._progress, iterator_saved=self._iterator_saved, timing=self._timing
+        )
+        state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
+        check_compatible(path, reader, state_root)
+        iterator_in_checkpoint = bool(reader.get_tensor("iterator_saved" + _VARIABLE_SUFFIX))
+        restore_iterator = iterator_in_checkpoint and _is_checkpointable_iterator(iterator)
+        if restore_iterator:
+            # The data first: if the input pipeline changed, fail before any variable is assigned.
+            holder = tf.Module(name="data")
+            holder.iterator = iterator
+            try:
+                tf.train.Checkpoint(data=holder).read(path).expect_partial()
+            except tf.errors.DataLossError:
+                raise  # a damaged file: the caller falls back to an older checkpoint
+            except Exception as error:
+                raise IncompatibleCheckpointError(
+                    f"The training data iterator saved in {path} cannot be restored into this run's "
+                    f"input pipeline ({type(error).__name__}: {error}). Expected the same `tf.data` "
+                    "pipeline as the run that wrote the checkpoint; nothing was restored."
+                ) from error
+        state_root.read(path).expect_partial().assert_existing_objects_matched()
+        self._root.save_counter.assign(state_root.save_counter)
+        progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
+        self.iterator_restored = restore_iterator
+        timing_json = self._timing.numpy().decode()
+        self.timing_state = json.loads(timing_json) if timing_json else None
+        return progress
+
+    def _drop_newer(self, good: str, damaged: list[str]) -> None:
+        """Makes `good` the latest checkpoint; renames the damaged files aside."""
+        for prefix in damaged:
+            for name in tf.io.gfile.glob(prefix + ".*"):
+                if not name.endswith(".corrupt"):
+                    tf.io.gfile.rename(name, name + ".corrupt", overwrite=True)
+        kept = [path for path in self._recorded() or [] if path not in damaged]
+        tf.compat.v1.train.update_checkpoint_state(
+            self.directory, model_checkpoint_path=good, all_model_checkpoint_paths=kept
+        )
+        self._manager = None  # re-read the corrected state file
+
+    # ------------------------------------------------------------------- save
+
+    def check_finite(self) -> None:
+        """Raises `NonFiniteStateError` if a model or optimizer variable holds NaN/Inf."""
+        variables = list(self._state["model"].variables)
+        optimizer = self._state.get("optimizer")
+        if optimizer is not None:
+            variables += list(optimizer.variables)
+        floating = [v for v in variables if tf.as_dtype(v.dtype).is_floating]
+        if not floating:
+            return
+        finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v))) for v in floating])
+        if bool(tf.reduce_all(finite)):
+            return
+        bad = floating[int(tf.argmin(tf.cast(finite, tf.int32)))]
+        raise NonFiniteStateError(
+            f"Not writing a checkpoint: variable `{getattr(bad, 'path', bad.name)}` holds NaN or "
+            f"infinite values. The last good checkpoint ({self.latest}) is kept."
+        )
+
+    def save(self, progress: Progress, iterator: Any = None, timing_state: dict[str, Any] | None = None) -> str:
+        """Writes a checkpoint of the current state.
+
+        Args:
+            progress: Where the run is.
+            iterator: The iterator the next training step reads from; saved
+                if `tf.data` can save it, else the run resumes by skipping
+                `progress.batches_in_pass` batches.
+            timing_state: JSON-serializable timer state.
+
+        Returns:
+            The checkpoint's path prefix.
+
+        Raises:
+            NonFiniteStateError: a model or optimizer variable is not finite.
+        """
+        self.check_finite()
+        for name, variable in self._progress.items():
+            variable.assign(getattr(progress, name))
+        self._timing.assign(json.dumps(timing_state) if timing_state else "")
+        with_iterator = self._iterator_unsaveable_reason is None and _is_checkpointable_iterator(iterator)
+        if with_iterator:
+            self._data.iterator = iterator
+            self._iterator_saved.assign(True)
+            try:
+                return self.manager.save()
+            except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as error:
+                # e.g. a pipeline with a Python generator or stateful op: tf.data cannot save it.
+                self._iterator_unsaveable_reason = str(error).splitlines()[0]
+                warnings.warn(
+                    "The training data iterator cannot be checkpointed "
+                    f"({self._iterator_unsaveable_reason}); resuming will skip the batches "
+                    "already seen instead.",
+                    stacklevel=2,
+                )
+                self.clean_leftovers()
+        if hasattr(self._data, "iterator"):
+            del self._data.iterator
+        self._iterator_saved.assign(False)
+        return self.manager.save()
+
+
+def ensure_writable_directory(path: Any, argument: str) -> str:
+    """Creates `path` if needed and checks that it is a writable directory.
+
+    Raises:
+        ValueError: `path` is a file, or cannot be created or written.
+    """
+    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+        raise TypeError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}. "
+            "Expected a directory path (str or os.PathLike)."
+        )
+    path = str(path.__fspath__() if hasattr(path, "__fspath__") else path)
+    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which is a "
+            "file. Expected a directory (it is created if missing)."
+        )
+    try:
+        tf.io.gfile.makedirs(path)
+        probe = tf.io.gfile.join(path, ".tftrain_write_test")
+        with tf.io.gfile.GFile(probe, "w") as handle:
+            handle.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as error:
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which cannot be "
+            f"written ({error}). Expected a writable directory."
+        ) from error
+    return path

@@ -1,0 +1,67 @@
+"""Keras callback plumbing shared by the Trainer's loops: hooks, logs, verbosity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def pythonify_logs(logs: dict[str, Any] | None) -> dict[str, Any]:
+    """Logs of tensors -> Python floats (scalars) or lists (anything else)."""
+    result = {}
+    for key, value in (logs or {}).items():
+        array = np.asarray(value)
+        result[key] = array.item() if array.ndim == 0 else array.tolist()
+    return result
+
+
+_BATCH_HOOKS = {
+    "train": ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end"),
+    "test": ("on_test_batch_begin", "on_test_batch_end"),
+}
+
+
+def batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str):
+    """The list's batch hooks for `kind`, or no-ops if no callback overrides them.
+
+    Keras's CallbackList converts the logs to Python values on every batch
+    hook call (a host sync and ~13 us per step), even when no callback reads them.
+    """
+    base = keras.callbacks.Callback
+    names = _BATCH_HOOKS[kind]
+    # A hook is implemented if it is not Callback's own method (LambdaCallback
+    # sets hooks as instance attributes, so look at the bound attribute).
+    implemented = any(
+        getattr(getattr(cb, name), "__func__", None) is not getattr(base, name)
+        for cb in callback_list.callbacks
+        for name in names
+    )
+    if not implemented:
+        return _no_hook, _no_hook
+    return getattr(callback_list, f"on_{kind}_batch_begin"), getattr(callback_list, f"on_{kind}_batch_end")
+
+
+def _no_hook(batch: int, logs: Any = None) -> None:
+    del batch, logs
+
+
+def block_until_ready(logs: Any) -> None:
+    """Waits for a step's outputs, so the clock reads device time too."""
+    for value in tf.nest.flatten(logs):
+        if hasattr(value, "numpy"):
+            value.numpy()
+            return
+
+
+def check_verbose(verbose: int | str) -> int:
+    if verbose == "auto":
+        return 1
+    if verbose in (0, 1, 2) and not isinstance(verbose, bool):
+        return int(verbose)
+    raise ValueError(
+        f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. "
+        'Expected 0 (silent), 1 (progress bar), 2 (one line per epoch) or "auto".'
+    )

@@ -1,0 +1,230 @@
+"""TensorBoard summaries of a training run, and a profiler window.
+
+`TrainingSummaries` writes event files under `log_dir/train` and
+`log_dir/validation`: the loss and every metric at each epoch end and every N
+steps, the learning rate (schedules included), throughput and step time from
+the timing hooks, and the first call's trace + compile time. All scalars use
+the global training step as their x axis, so a resumed run continues its curves.
+
+`ProfileWindow` runs the TensorFlow profiler over a range of training steps;
+its trace opens in TensorBoard's profile tab.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+TRAIN_RUN = "train"
+VALIDATION_RUN = "validation"
+
+
+def learning_rate_of(optimizer: Any) -> float | None:
+    """The optimizer's current learning rate (a schedule is evaluated at its step), or None."""
+    if optimizer is None:
+        return None
+    try:
+        value = optimizer.learning_rate
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if callable(value):  # a schedule that the optimizer did not evaluate
+        value = value(optimizer.iterations)
+    try:
+        return float(np.asarray(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _scalars(logs: Mapping[str, Any] | None) -> dict[str, float]:
+    """The scalar entries of logs as floats (other entries are skipped)."""
+    result = {}
+    for key, value in (logs or {}).items():
+        array = np.asarray(value)
+        if array.ndim == 0 and np.issubdtype(array.dtype, np.number):
+            result[key] = float(array)
+    return result
+
+
+class TrainingSummaries:
+    """Writes a training run's TensorBoard event files.
+
+    Args:
+        log_dir: The run's directory; event files go to `log_dir/train` and
+            `log_dir/validation`.
+        every_steps: Also write the training logs every this many steps
+            (None: only at epoch ends).
+
+    Raises:
+        ValueError: `every_steps` is not None or an integer >= 1.
+    """
+
+    def __init__(self, log_dir: str, *, every_steps: int | None = None):
+        check_every_steps(every_steps, "summary_every_steps")
+        self.log_dir = str(log_dir)
+        self.every_steps = every_steps
+        self._writers: dict[str, Any] = {}
+        self._last_written_step: int | None = None
+
+    def writer(self, run: str):
+        """The `tf.summary` writer of a run (`"train"` or `"validation"`), created on first use."""
+        if run not in self._writers:
+            with tf.init_scope():
+                self._writers[run] = tf.summary.create_file_writer(os.path.join(self.log_dir, run))
+        return self._writers[run]
+
+    def write(self, run: str, step: int, values: Mapping[str, float]) -> None:
+        """Writes scalars to a run at a step."""
+        if not values:
+            return
+        with tf.init_scope(), self.writer(run).as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(name, value)
+
+    def due(self, step_before: int, step_after: int) -> bool:
+        """Whether a host call that took the run from `step_before` to `step_after` crossed an N-step mark."""
+        if self.every_steps is None:
+            return False
+        return step_after // self.every_steps > step_before // self.every_steps
+
+    def on_steps(
+        self,
+        step: int,
+        logs: Mapping[str, Any] | None,
+        *,
+        learning_rate: float | None = None,
+        rates: Mapping[str, float] | None = None,
+    ) -> None:
+        """Writes the training logs, learning rate and timing rates at an N-step mark."""
+        values = {f"step_{key}": value for key, value in _scalars(logs).items()}
+        if learning_rate is not None:
+            values["learning_rate"] = learning_rate
+        values.update(rates or {})
+        self.write(TRAIN_RUN, step, values)
+
+    def on_epoch_end(
+        self,
+        step: int,
+        logs: Mapping[str, Any] | None,
+        *,
+        learning_rate: float | None = None,
+    ) -> None:
+        """Writes an epoch's logs: `val_*` entries to the validation run, the rest to train."""
+        train, validation = {}, {}
+        for key, value in _scalars(logs).items():
+            if key.startswith("val_"):
+                validation[f"epoch_{key[4:]}"] = value
+            else:
+                train[f"epoch_{key}"] = value
+        if learning_rate is not None:
+            train["learning_rate"] = learning_rate
+        self.write(TRAIN_RUN, step, train)
+        self.write(VALIDATION_RUN, step, validation)
+        self.flush()
+
+    def on_trace(self, step: int, first_call_s: float) -> None:
+        """Writes the first host call's time: trace + compile + run."""
+        self.write(TRAIN_RUN, step, {"trace_time_s": first_call_s})
+
+    def flush(self) -> None:
+        """Flushes every writer to disk."""
+        for writer in self._writers.values():
+            writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the writers."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+
+def check_every_steps(value: Any, argument: str) -> None:
+    """Raises ValueError unless `value` is None or an integer >= 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={value!r}. "
+            "Expected None or an integer >= 1."
+        )
+
+
+def check_profile_steps(profile_steps: Any, total_steps: int | None = None) -> tuple[int, int] | None:
+    """Validates a profiler window `(start, stop)` of 1-based training steps, both included.
+
+    Args:
+        profile_steps: None or a pair of integers with 1 <= start <= stop.
+        total_steps: Steps the run will train, if known: the window must end
+            within them.
+
+    Returns:
+        The window as a tuple, or None.
+
+    Raises:
+        ValueError: a malformed window, or one that ends after the run.
+    """
+    if profile_steps is None:
+        return None
+    window = tuple(profile_steps) if isinstance(profile_steps, (tuple, list)) else None
+    if (
+        window is None
+        or len(window) != 2
+        or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in window)
+        or not 1 <= window[0] <= window[1]
+    ):
+        raise ValueError(
+            f"Invalid value for argument `profile_steps`. Received: profile_steps={profile_steps!r}. "
+            "Expected a pair (start, stop) of training steps with 1 <= start <= stop, e.g. (10, 20) "
+            "profiles steps 10 to 20."
+        )
+    start, stop = int(window[0]), int(window[1])
+    if total_steps is not None and stop > total_steps:
+        raise ValueError(
+            f"Invalid value for argument `profile_steps`. Received: profile_steps={profile_steps!r}, "
+            f"but this run trains only {total_steps} steps. Expected stop <= {total_steps}."
+        )
+    return start, stop
+
+
+class ProfileWindow:
+    """Runs the TensorFlow profiler from training step `start` to `stop` (1-based, both included).
+
+    Call `before_steps(done)` before a host call and `after_steps(done)`
+    after it, with the global steps done; host calls should not cross the
+    window's edges (see `boundaries`).
+
+    Args:
+        log_dir: Where the trace goes (TensorBoard's profile tab reads it).
+        window: `(start, stop)`, already validated by `check_profile_steps`.
+    """
+
+    def __init__(self, log_dir: str, window: tuple[int, int]):
+        self.log_dir = str(log_dir)
+        self.start, self.stop = window
+        self.active = False
+        self.done = False
+
+    @property
+    def boundaries(self) -> tuple[int, int]:
+        """Global step counts at which a host call must end: before the window and at its end."""
+        return self.start - 1, self.stop
+
+    def before_steps(self, done: int) -> None:
+        """Starts the profiler if the next step is the window's first."""
+        if not self.active and not self.done and done == self.start - 1:
+            tf.profiler.experimental.start(self.log_dir)
+            self.active = True
+
+    def after_steps(self, done: int) -> None:
+        """Stops the profiler once the window's last step has run."""
+        if self.active and done >= self.stop:
+            self.close()
+
+    def close(self) -> None:
+        """Stops the profiler if it runs (also on errors)."""
+        if self.active:
+            tf.profiler.experimental.stop()
+            self.active = False
+            self.done = True
+
