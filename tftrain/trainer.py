@@ -14,9 +14,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain import checkpoint as checkpoint_lib
 from tftrain import data as data_lib
-from tftrain import hooks, loops, summaries, timing, training_run
+from tftrain import hooks, loops, timing, training_run
 from tftrain.model import CustomModel
 
 _DEFAULT_MODEL_STEPS = {
@@ -121,53 +120,21 @@ class Trainer:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.model = model
         self.measure_timing = bool(measure_timing)
-        self._set_run_options(
-            model_dir, checkpoint_every_steps, max_to_keep, summary_every_steps, profile_steps, terminate_on_nan
+        self.run_options = training_run.RunOptions(
+            model_dir=model_dir,
+            checkpoint_every_steps=checkpoint_every_steps,
+            max_to_keep=max_to_keep,
+            summary_every_steps=summary_every_steps,
+            profile_steps=profile_steps,
+            terminate_on_nan=terminate_on_nan,
         )
+        self.model_dir = self.run_options.model_dir
         if optimizer is not None or loss is not None or metrics is not None:
             with self.strategy.scope():
                 model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
         self.timing: timing.TimingReport | None = None
         self._train_loop: loops.StepLoop | None = None
         self._eval_loop: loops.StepLoop | None = None
-
-    def _set_run_options(
-        self, model_dir, checkpoint_every_steps, max_to_keep, summary_every_steps, profile_steps, terminate_on_nan
-    ) -> None:
-        for name, value in (
-            ("checkpoint_every_steps", checkpoint_every_steps),
-            ("summary_every_steps", summary_every_steps),
-        ):
-            summaries.check_every_steps(value, name)
-        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
-            raise ValueError(
-                f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
-                "Expected an integer >= 1."
-            )
-        if not isinstance(terminate_on_nan, bool):
-            raise TypeError(
-                f"Invalid value for argument `terminate_on_nan`. Received: terminate_on_nan={terminate_on_nan!r}. "
-                "Expected True or False."
-            )
-        self.profile_steps = summaries.check_profile_steps(profile_steps)
-        if model_dir is None:
-            given = {
-                "checkpoint_every_steps": checkpoint_every_steps,
-                "summary_every_steps": summary_every_steps,
-                "profile_steps": profile_steps,
-            }
-            needing = [(name, value) for name, value in given.items() if value is not None]
-            if needing:
-                name, value = needing[0]
-                raise ValueError(
-                    f"Invalid combination of arguments. Received: {name}={value!r} with model_dir=None. "
-                    "Expected a `model_dir` to write checkpoints, summaries and profiles to."
-                )
-        self.model_dir = None if model_dir is None else checkpoint_lib.ensure_writable_directory(model_dir, "model_dir")
-        self.checkpoint_every_steps = checkpoint_every_steps
-        self.max_to_keep = max_to_keep
-        self.summary_every_steps = summary_every_steps
-        self.terminate_on_nan = terminate_on_nan
 
     # ----------------------------------------------------------------- steps
 
@@ -242,7 +209,11 @@ class Trainer:
         if kind == "train":
             if self._train_loop is None:
                 self._train_loop = loops.make_loop(
-                    self.train_step, self.options, self.strategy, "train_step", stop_on_nonfinite=self.terminate_on_nan
+                    self.train_step,
+                    self.options,
+                    self.strategy,
+                    "train_step",
+                    stop_on_nonfinite=self.run_options.terminate_on_nan,
                 )
             return self._train_loop
         if self._eval_loop is None:
@@ -315,7 +286,15 @@ class Trainer:
         self._build(dataset)
         train_loop = self._loop("train")
         timer = timing.StepTimer()
-        run = self._start_run(plan, epochs, timer, train_loop)
+        run = training_run.start_run(
+            self.run_options,
+            model=self.model,
+            extra_state=self._own_trackables(),
+            plan=plan,
+            epochs=epochs,
+            timer=timer if self.measure_timing else None,
+            trace_counter=train_loop.trace_counter,
+        )
         callback_list = keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
@@ -351,7 +330,7 @@ class Trainer:
             callback_list.on_train_end(logs=epoch_logs)
         finally:
             run.close()
-        self.timing = timer.report(train_loop.trace_counter.count - run.traces_before)
+        self.timing = timer.report(run.trace_count())
         if verbose and self.measure_timing:
             print(f"tftrain timing ({self.options.name}):\n{self.timing.summary()}")
         return self.model.history
@@ -370,55 +349,6 @@ class Trainer:
         if metric_variables:
             state["trainer_metrics"] = metric_variables
         return state
-
-    def _start_run(
-        self,
-        plan: data_lib.EpochPlan,
-        epochs: int,
-        timer: timing.StepTimer,
-        train_loop: loops.StepLoop,
-    ) -> training_run.TrainingRun:
-        """Sets up checkpoints, summaries and the profiler; restores a checkpoint if there is one."""
-        total_steps = epochs * plan.steps if plan.steps is not None else None
-        window = summaries.check_profile_steps(self.profile_steps, total_steps)
-        progress = checkpoint_lib.Progress()
-        checkpointer = writer = profile = None
-        restored_traces = 0
-        if self.model_dir is not None:
-            checkpointer = checkpoint_lib.Checkpointer(
-                f"{self.model_dir}/checkpoints",
-                checkpoint_lib.training_state(self.model, self._own_trackables()),
-                max_to_keep=self.max_to_keep,
-            )
-            restored = checkpointer.restore_latest(plan.next_iterator())
-            if restored is not None:
-                progress = restored
-                plan.resume(progress.batches_in_pass, progress.step_in_epoch, checkpointer.iterator_restored)
-                state = checkpointer.timing_state
-                if state is not None:
-                    timer.load_state_dict(state["timer"])
-                    restored_traces = int(state["trace_count"])
-                print(
-                    f"tftrain: resumed from {checkpointer.latest} at step {progress.global_step} "
-                    f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch)."
-                )
-            writer = summaries.TrainingSummaries(self.model_dir, every_steps=self.summary_every_steps)
-            if window is not None:
-                profile = summaries.ProfileWindow(f"{self.model_dir}/train", window)
-        run = training_run.TrainingRun(
-            plan,
-            progress,
-            timer=timer if self.measure_timing else None,
-            trace_count=lambda: train_loop.trace_counter.count,
-            checkpointer=checkpointer,
-            checkpoint_every_steps=self.checkpoint_every_steps,
-            summaries_writer=writer,
-            profile=profile,
-            optimizer=getattr(self.model, "optimizer", None),
-            terminate_on_nan=self.terminate_on_nan,
-        )
-        run.traces_before = train_loop.trace_counter.count - restored_traces
-        return run
 
     def _run_pass(
         self,
@@ -453,7 +383,9 @@ class Trainer:
             result = step_loop(iterator, wanted)
             if timer is not None:
                 hooks.block_until_ready(result.logs)
-                timer.end_call(result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before)
+                timer.end_call(
+                    result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before
+                )
             if run is not None:
                 run.after_call(result, target)
             if result.steps:
@@ -507,4 +439,3 @@ class Trainer:
         results = hooks.pythonify_logs(logs)
         callback_list.on_test_end(results)
         return results
-

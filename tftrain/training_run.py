@@ -8,6 +8,7 @@ steps and at each epoch end. It also tells the loop where a host call must end
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,121 @@ from tftrain import loops, summaries, timing
 
 class NonFiniteLossError(FloatingPointError):
     """A training step produced a NaN or infinite loss; training stopped at that step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What a `Trainer.fit` writes and guards around its steps (see `Trainer` for each field).
+
+    Validated on construction; `model_dir` is created and checked for writing.
+
+    Raises:
+        TypeError, ValueError: a bad value, or an option that needs `model_dir` without it.
+    """
+
+    model_dir: str | None = None
+    checkpoint_every_steps: int | None = None
+    max_to_keep: int = 5
+    summary_every_steps: int | None = None
+    profile_steps: tuple[int, int] | None = None
+    terminate_on_nan: bool = True
+
+    def __post_init__(self):
+        summaries.check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
+        summaries.check_every_steps(self.summary_every_steps, "summary_every_steps")
+        max_to_keep = self.max_to_keep
+        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise ValueError(
+                f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
+                "Expected an integer >= 1."
+            )
+        if not isinstance(self.terminate_on_nan, bool):
+            raise TypeError(
+                "Invalid value for argument `terminate_on_nan`. Received: "
+                f"terminate_on_nan={self.terminate_on_nan!r}. Expected True or False."
+            )
+        object.__setattr__(self, "profile_steps", summaries.check_profile_steps(self.profile_steps))
+        if self.model_dir is None:
+            for name in ("checkpoint_every_steps", "summary_every_steps", "profile_steps"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"Invalid combination of arguments. Received: {name}={getattr(self, name)!r} with "
+                        "model_dir=None. Expected a `model_dir` to write checkpoints, summaries and "
+                        "profiles to."
+                    )
+        else:
+            directory = checkpoint_lib.ensure_writable_directory(self.model_dir, "model_dir")
+            object.__setattr__(self, "model_dir", directory)
+
+
+def start_run(
+    options: RunOptions,
+    *,
+    model: Any,
+    extra_state: dict[str, Any],
+    plan: data_lib.EpochPlan,
+    epochs: int,
+    timer: timing.StepTimer | None,
+    trace_counter: timing.TraceCounter,
+) -> TrainingRun:
+    """Sets up one `fit`: checkpoints, summaries, profiler; restores the latest checkpoint.
+
+    Args:
+        options: The run options.
+        model: The model being trained (its optimizer's learning rate is logged).
+        extra_state: More trackables to checkpoint (a Trainer subclass's own state).
+        plan: The training data plan; resumed at the checkpoint's data position.
+        epochs: Epochs of the whole run (the target a resumed run trains up to).
+        timer: The step timer (restored from the checkpoint), or None.
+        trace_counter: The training step's trace counter.
+
+    Returns:
+        The `TrainingRun`, at the restored progress (or at the start).
+
+    Raises:
+        ValueError: `profile_steps` ends after the run's last step.
+        tftrain.checkpoint.CheckpointError: the checkpoint cannot be used.
+    """
+    total_steps = epochs * plan.steps if plan.steps is not None else None
+    window = summaries.check_profile_steps(options.profile_steps, total_steps)
+    progress = checkpoint_lib.Progress()
+    checkpointer = writer = profile = None
+    restored_traces = 0
+    if options.model_dir is not None:
+        checkpointer = checkpoint_lib.Checkpointer(
+            f"{options.model_dir}/checkpoints",
+            checkpoint_lib.training_state(model, extra_state),
+            max_to_keep=options.max_to_keep,
+        )
+        restored = checkpointer.restore_latest(plan.next_iterator())
+        if restored is not None:
+            progress = restored
+            plan.resume(progress.batches_in_pass, progress.step_in_epoch, checkpointer.iterator_restored)
+            state = checkpointer.timing_state
+            if state is not None and timer is not None:
+                timer.load_state_dict(state["timer"])
+                restored_traces = int(state["trace_count"])
+            print(
+                f"tftrain: resumed from {checkpointer.latest} at step {progress.global_step} "
+                f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch)."
+            )
+        writer = summaries.TrainingSummaries(options.model_dir, every_steps=options.summary_every_steps)
+        if window is not None:
+            profile = summaries.ProfileWindow(f"{options.model_dir}/train", window)
+    run = TrainingRun(
+        plan,
+        progress,
+        timer=timer,
+        trace_count=lambda: trace_counter.count,
+        checkpointer=checkpointer,
+        checkpoint_every_steps=options.checkpoint_every_steps,
+        summaries_writer=writer,
+        profile=profile,
+        optimizer=getattr(model, "optimizer", None),
+        terminate_on_nan=options.terminate_on_nan,
+    )
+    run.traces_before = trace_counter.count - restored_traces
+    return run
 
 
 class TrainingRun:
@@ -54,7 +170,7 @@ class TrainingRun:
         self.plan = plan
         self.progress = progress
         self.timer = timer
-        self.trace_count = trace_count
+        self._trace_count = trace_count
         self.checkpointer = checkpointer
         self.checkpoint_every_steps = checkpoint_every_steps
         self.summaries = summaries_writer
@@ -64,6 +180,10 @@ class TrainingRun:
         self._trace_written = False
         self._saved_at_step: int | None = None
         self.traces_before = 0
+
+    def trace_count(self) -> int:
+        """Traces of the training step in this run (a resumed run adds the checkpointed count)."""
+        return self._trace_count() - self.traces_before
 
     def steps_allowed(self, wanted: int) -> int:
         """`wanted`, shortened so that the host call ends at the next checkpoint or profiler edge."""
@@ -98,7 +218,11 @@ class TrainingRun:
         self.progress.global_step += result.steps
         self.progress.step_in_epoch += result.steps
         if result.nonfinite and self.terminate_on_nan:
-            losses = {key: np.asarray(value).tolist() for key, value in result.logs.items() if loops.is_loss_key(key)}
+            losses = {
+                key: np.asarray(value).tolist()
+                for key, value in result.logs.items()
+                if loops.is_loss_key(key)
+            }
             last_good = self.checkpointer.latest if self.checkpointer is not None else None
             raise NonFiniteLossError(
                 f"Training stopped at step {self.progress.global_step} (epoch {self.progress.epoch + 1}, "
@@ -113,7 +237,10 @@ class TrainingRun:
         if self.summaries is not None:
             self._write_step_summaries(before, result.logs)
         if self.checkpointer is not None and self.checkpoint_every_steps:
-            crossed = self.progress.global_step // self.checkpoint_every_steps > before // self.checkpoint_every_steps
+            crossed = (
+                self.progress.global_step // self.checkpoint_every_steps
+                > before // self.checkpoint_every_steps
+            )
             if crossed and self.progress.step_in_epoch != epoch_steps:
                 self.save()
 
@@ -124,7 +251,9 @@ class TrainingRun:
             self._trace_written = True
         if self.summaries.due(before, step):
             rates = self.timer.take_window() if self.timer is not None else {}
-            self.summaries.on_steps(step, logs, learning_rate=summaries.learning_rate_of(self.optimizer), rates=rates)
+            self.summaries.on_steps(
+                step, logs, learning_rate=summaries.learning_rate_of(self.optimizer), rates=rates
+            )
 
     def end_epoch(self, epoch_logs: dict[str, Any]) -> None:
         """Moves the progress to the next epoch, writes its summaries and saves."""
@@ -148,7 +277,7 @@ class TrainingRun:
         if self.timer is not None:
             timing_state = {
                 "timer": self.timer.state_dict(),
-                "trace_count": self.trace_count() - self.traces_before,
+                "trace_count": self.trace_count(),
             }
         path = self.checkpointer.save(self.progress, self.plan.next_iterator(), timing_state)
         self._saved_at_step = self.progress.global_step
