@@ -1,5 +1,211 @@
-"""Keras callbacks that tftrain provides; each works in `model.fit` and `Trainer.fit`."""
+"""Keras callbacks that give `keras.Model.fit` what `tftrain.Trainer` has built in.
 
+`standard_callbacks(model_dir)` returns the set for a model directory:
+`Timing`, `TensorBoardSummaries` and `CheckpointAndResume`, so a
+`tftrain.CustomModel` trained with `model.fit` gets the same timing report,
+the same TensorBoard event files and checkpoints in the same format.
+
+Example:
+    ```python
+    model.fit(dataset, epochs=10, callbacks=tftrain.callbacks.standard_callbacks("runs/exp1"))
+    ```
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+
+from tftrain import checkpoint as checkpoint_lib
+from tftrain import summaries
 from tftrain.timing import Timing
 
-__all__ = ["Timing"]
+__all__ = ["CheckpointAndResume", "TensorBoardSummaries", "Timing", "standard_callbacks"]
+
+
+class TensorBoardSummaries(keras.callbacks.Callback):
+    """Writes the Trainer's TensorBoard summaries from `model.fit`.
+
+    Event files go to `log_dir/train` and `log_dir/validation`: `epoch_*`
+    scalars at each epoch end, `step_*` scalars every `every_steps` steps,
+    `learning_rate`, and, given a `Timing` callback listed before this one,
+    `steps_per_sec`, `examples_per_sec`, `step_time_s` and `trace_time_s`.
+    The x axis is the global training step.
+
+    Args:
+        log_dir: The run's directory.
+        every_steps: Also write the training logs every this many steps.
+        profile_steps: `(start, stop)`: profile these training steps (1-based,
+            both included) into `log_dir/train`. With `steps_per_execution`
+            the profiler starts and stops at the host calls around the window.
+        timing: The `Timing` callback to read step times from.
+
+    Raises:
+        ValueError: bad `every_steps` or `profile_steps`.
+    """
+
+    def __init__(
+        self,
+        log_dir: str,
+        *,
+        every_steps: int | None = None,
+        profile_steps: tuple[int, int] | None = None,
+        timing: Timing | None = None,
+    ):
+        super().__init__()
+        self.log_dir = checkpoint_lib.ensure_writable_directory(log_dir, "log_dir")
+        summaries.check_every_steps(every_steps, "every_steps")
+        self.every_steps = every_steps
+        self.profile_steps = summaries.check_profile_steps(profile_steps)
+        self.timing = timing
+        self._writer: summaries.TrainingSummaries | None = None
+        self._profile: summaries.ProfileWindow | None = None
+        self._step = 0
+        self._epoch_start = 0
+        self._trace_written = False
+
+    def on_train_begin(self, logs=None):
+        steps, epochs = self.params.get("steps"), self.params.get("epochs")
+        if self.profile_steps is not None:
+            total = steps * epochs if steps and epochs else None
+            window = summaries.check_profile_steps(self.profile_steps, total)
+            self._profile = summaries.ProfileWindow(os.path.join(self.log_dir, "train"), window)
+        self._writer = summaries.TrainingSummaries(self.log_dir, every_steps=self.every_steps)
+        self._trace_written = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        steps = self.params.get("steps")
+        # A resumed fit starts at a later epoch: its first step is epoch * steps + 1.
+        self._epoch_start = epoch * steps if steps else self._step
+        self._step = self._epoch_start
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._profile is not None:
+            self._profile.before_steps(self._epoch_start + batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        before, self._step = self._step, self._epoch_start + batch + 1
+        if self._profile is not None:
+            self._profile.after_steps(self._step)
+        timer = self.timing.timer if self.timing is not None else None
+        if timer is not None and not self._trace_written and timer.first_call_s is not None:
+            self._writer.on_trace(self._step, timer.first_call_s)
+            self._trace_written = True
+        if self._writer.due(before, self._step):
+            self._writer.on_steps(
+                self._step,
+                logs,
+                learning_rate=summaries.learning_rate_of(self.model.optimizer),
+                rates=timer.take_window() if timer is not None else None,
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._writer.on_epoch_end(self._step, logs, learning_rate=summaries.learning_rate_of(self.model.optimizer))
+
+    def on_train_end(self, logs=None):
+        if self._profile is not None:
+            self._profile.close()
+        self._writer.close()
+
+
+class CheckpointAndResume(keras.callbacks.Callback):
+    """Checkpoints `model.fit` at each epoch end and resumes it on the next `fit`.
+
+    Saves what the Trainer saves (model, optimizer, random-generator states,
+    metric states) with the same crash safety, fallback past damaged
+    checkpoints and refusal of incompatible ones or of NaN/Inf weights. On
+    `on_train_begin` it restores the latest checkpoint and makes `fit` start
+    at the next epoch, so rerunning a killed `fit(epochs=N)` trains up to N.
+
+    Unlike `Trainer(model_dir=...)`, `model.fit` does not expose its data
+    iterator: resuming starts the epoch after the last completed one, on a
+    fresh pass over the data. Steps of an interrupted epoch are trained
+    again, and a reshuffling dataset's later epochs may be ordered
+    differently from an uninterrupted run. Use the Trainer for exact
+    mid-epoch resume.
+
+    Args:
+        directory: The model directory; checkpoints go to `directory/checkpoints`.
+        max_to_keep: Checkpoints kept.
+
+    Raises:
+        ValueError: `directory` is a file or not writable, or a bad `max_to_keep`.
+    """
+
+    def __init__(self, directory: str, *, max_to_keep: int = 5):
+        super().__init__()
+        self.directory = checkpoint_lib.ensure_writable_directory(directory, "directory")
+        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise ValueError(
+                f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
+                "Expected an integer >= 1."
+            )
+        self.max_to_keep = max_to_keep
+        self.checkpointer: checkpoint_lib.Checkpointer | None = None
+        self.restored: checkpoint_lib.Progress | None = None
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        self.checkpointer = checkpoint_lib.Checkpointer(
+            os.path.join(self.directory, "checkpoints"),
+            # Metric states are not needed: fit resumes at an epoch start, where they are reset.
+            checkpoint_lib.training_state(model, metrics=False),
+            max_to_keep=self.max_to_keep,
+        )
+        if self.checkpointer.latest is None:
+            return
+        if not model.built:
+            raise ValueError(
+                f"Cannot resume from {self.checkpointer.latest}: the model is not built yet, so its "
+                "variables do not exist to be restored. Expected a built model: call it once on a "
+                "batch, or `model.build(input_shape)`, before `fit`."
+            )
+        # Without a strategy, keras builds the optimizer in the first train step: too late here.
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        self.restored = self.checkpointer.restore_latest()
+        if self.restored is not None:
+            self.model._initial_epoch = self.restored.epoch  # read by keras.Model.fit
+            print(
+                f"tftrain: resumed from {self.checkpointer.latest} at epoch {self.restored.epoch + 1} "
+                f"(step {self.restored.global_step})."
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        steps = self.params.get("steps") or 0
+        progress = checkpoint_lib.Progress(epoch=epoch + 1, global_step=(epoch + 1) * steps)
+        self.checkpointer.save(progress)
+
+    def on_train_end(self, logs=None):
+        self.model._initial_epoch = None
+
+
+def standard_callbacks(
+    model_dir: str,
+    *,
+    summary_every_steps: int | None = None,
+    profile_steps: tuple[int, int] | None = None,
+    max_to_keep: int = 5,
+    verbose_timing: bool = False,
+) -> list[keras.callbacks.Callback]:
+    """The callbacks that give `model.fit` a model directory like `Trainer(model_dir=...)`.
+
+    Args:
+        model_dir: Checkpoints go to `model_dir/checkpoints`, event files to
+            `model_dir/train` and `model_dir/validation`.
+        summary_every_steps: Also write training summaries every this many steps.
+        profile_steps: `(start, stop)`: profile these training steps.
+        max_to_keep: Checkpoints kept.
+        verbose_timing: Print the timing report when training ends.
+
+    Returns:
+        `[Timing, TensorBoardSummaries, CheckpointAndResume]`, in the order they must run.
+    """
+    timing = Timing(verbose=verbose_timing)
+    return [
+        timing,
+        TensorBoardSummaries(model_dir, every_steps=summary_every_steps, profile_steps=profile_steps, timing=timing),
+        CheckpointAndResume(model_dir, max_to_keep=max_to_keep),
+    ]
+

@@ -88,21 +88,22 @@ def seed_generator_states(model: keras.Model) -> list[keras.Variable]:
     return [variable for variable in model.variables if id(variable) not in weights]
 
 
-def training_state(model: keras.Model, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def training_state(
+    model: keras.Model, extra: Mapping[str, Any] | None = None, *, metrics: bool = True
+) -> dict[str, Any]:
     """The trackable objects that make up a model's training state.
 
     Args:
-        model: The model (its optimizer and metrics come with it).
+        model: The model (its optimizer comes with it).
         extra: More trackables to save by name, e.g. a second optimizer.
+        metrics: Include the metrics' state (needed to resume mid-epoch).
 
     Returns:
         A dict of name -> trackable for `tf.train.Checkpoint`.
     """
-    state: dict[str, Any] = {
-        "model": model,
-        "seed_states": seed_generator_states(model),
-        "metrics": [variable for metric in model.metrics for variable in metric.variables],
-    }
+    state: dict[str, Any] = {"model": model, "seed_states": seed_generator_states(model)}
+    if metrics:
+        state["metrics"] = [variable for metric in model.metrics for variable in metric.variables]
     if getattr(model, "optimizer", None) is not None:
         state["optimizer"] = model.optimizer
     state.update(extra or {})

@@ -10,8 +10,10 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
 class CheckpointError(RuntimeError):
@@ -26,37 +28,69 @@ class IncompatibleCheckpointError(CheckpointError, ValueError):
     """A checkpoint does not fit the model (variables missing, extra, or of another shape)."""
 
 
-def _escape(name: str) -> str:
-    # How tf.train.Checkpoint escapes an object's name inside a checkpoint key.
-    return name.replace(".", "..").replace("/", ".S")
+def _is_variable(value: Any) -> bool:
+    return isinstance(value, (tf.Variable, keras.Variable))
 
 
-def _variables_by_key(root: Any) -> dict[str, Any]:
-    """Checkpoint key -> variable for everything `root` saves.
-
-    A breadth-first walk over the object graph, naming each object by its
-    first (shortest) path, as `tf.train.Checkpoint` names them.
-    """
+def _live_variables(root: Any) -> list[Any]:
+    """Every variable reachable from `root` in its object graph (what a save would write)."""
     view = tf.train.TrackableView(root)
-    paths: dict[int, tuple[str, ...]] = {id(root): ()}
-    queue, found = [root], {}
+    seen, queue, found = {id(root)}, [root], []
     while queue:
-        parent = queue.pop(0)
-        for name, child in view.children(parent).items():
-            if id(child) in paths:
-                continue
-            paths[id(child)] = paths[id(parent)] + (name,)
-            queue.append(child)
-            if isinstance(child, (tf.Variable, keras.Variable)):
-                key = "/".join(_escape(part) for part in paths[id(child)]) + VARIABLE_SUFFIX
-                found[key] = child
+        for child in view.children(queue.pop(0)).values():
+            if id(child) not in seen:
+                seen.add(id(child))
+                queue.append(child)
+                if _is_variable(child):
+                    found.append(child)
     return found
+
+
+def _match_saved_graph(reader: tf.train.CheckpointReader, root: Any):
+    """Walks the checkpoint's object graph alongside the live one, as a restore does.
+
+    Returns:
+        `(matched, unmatched)`: live variable id -> (variable, checkpoint key),
+        and the checkpoint keys of saved variables with no live counterpart.
+    """
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor(OBJECT_GRAPH_KEY))
+    view = tf.train.TrackableView(root)
+    matched: dict[int, tuple[Any, str]] = {}
+    orphans: set[str] = set()
+    # A saved object can be reached by several paths (a kernel is both a layer's and
+    # the optimizer's); a path that is missing live must not hide one that exists.
+    visited_live: set[int] = set()
+    visited_orphan: set[int] = set()
+    queue: list[tuple[int, Any]] = [(0, root)]
+    while queue:
+        node_id, live = queue.pop(0)
+        visited = visited_orphan if live is None else visited_live
+        if node_id in visited:
+            continue
+        visited.add(node_id)
+        node = graph.nodes[node_id]
+        for attribute in node.attributes:
+            if attribute.name != "VARIABLE_VALUE":
+                continue
+            if _is_variable(live):
+                matched[id(live)] = (live, attribute.checkpoint_key)
+            else:
+                orphans.add(attribute.checkpoint_key)
+        children = view.children(live) if live is not None and not _is_variable(live) else {}
+        for reference in node.children:
+            queue.append((reference.node_id, children.get(reference.local_name)))
+    matched_keys = {key for _, key in matched.values()}
+    return matched, sorted(orphans - matched_keys)
+
+
+def _name(variable: Any) -> str:
+    return getattr(variable, "path", None) or variable.name
 
 
 def _describe(key: str, variable: Any = None) -> str:
     short = key[: -len(VARIABLE_SUFFIX)] if key.endswith(VARIABLE_SUFFIX) else key
-    path = getattr(variable, "path", None) or getattr(variable, "name", None)
-    return f"`{path}` (checkpoint key {short})" if path else f"checkpoint key {short}"
+    return f"`{_name(variable)}` (checkpoint key {short})" if variable is not None else f"checkpoint key {short}"
 
 
 def _shape(shape: Any) -> tuple[int | None, ...]:
@@ -66,30 +100,34 @@ def _shape(shape: Any) -> tuple[int | None, ...]:
 def check_compatible(path: str, reader: tf.train.CheckpointReader, root: Any) -> None:
     """Raises `IncompatibleCheckpointError` if `root`'s variables do not match the checkpoint.
 
+    The checkpoint's object graph is matched to the live objects by name, as
+    `tf.train.Checkpoint` does when it restores; every live variable must find
+    a saved tensor of its shape, and every saved variable a live one.
+
     Args:
         path: The checkpoint (for the message).
         reader: `tf.train.load_checkpoint(path)`.
         root: What would be restored (a `tf.train.Checkpoint`).
     """
-    saved = {
-        key: _shape(shape)
-        for key, shape in reader.get_variable_to_shape_map().items()
-        if key.endswith(VARIABLE_SUFFIX)
-    }
-    expected = _variables_by_key(root)
+    shapes = reader.get_variable_to_shape_map()
+    matched, unmatched = _match_saved_graph(reader, root)
     problems = []
-    for key, variable in expected.items():
-        if key not in saved:
-            problems.append(f"variable {_describe(key, variable)} of shape {_shape(variable.shape)} is not in the checkpoint")
-        elif saved[key] != _shape(variable.shape):
+    for variable in _live_variables(root):
+        if id(variable) not in matched:
             problems.append(
-                f"variable {_describe(key, variable)} has shape {saved[key]} in the checkpoint "
+                f"variable `{_name(variable)}` of shape {_shape(variable.shape)} "
+                "is not in the checkpoint"
+            )
+            continue
+        _, key = matched[id(variable)]
+        if _shape(shapes[key]) != _shape(variable.shape):
+            problems.append(
+                f"variable {_describe(key, variable)} has shape {_shape(shapes[key])} in the checkpoint "
                 f"but {_shape(variable.shape)} in the model"
             )
     problems += [
-        f"the checkpoint has {_describe(key)} of shape {shape}, which the model lacks"
-        for key, shape in saved.items()
-        if key not in expected
+        f"the checkpoint has {_describe(key)} of shape {_shape(shapes[key])}, which the model lacks"
+        for key in unmatched
     ]
     if problems:
         listed = "\n  - ".join(problems[:10])

@@ -310,6 +310,11 @@ class Timing(keras.callbacks.Callback):
         self._traces_at_call_start = 0
         self._counts_at_call_start = np.zeros(2, np.int64)
 
+    @property
+    def timer(self) -> StepTimer:
+        """The callback's `StepTimer` (read by `TensorBoardSummaries` for throughput)."""
+        return self._timer
+
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
         hook = getattr(model, "_tftrain_timing_hook", None)
