@@ -101,7 +101,9 @@ class TensorBoardSummaries(keras.callbacks.Callback):
             )
 
     def on_epoch_end(self, epoch, logs=None):
-        self._writer.on_epoch_end(self._step, logs, learning_rate=summaries.learning_rate_of(self.model.optimizer))
+        self._writer.on_epoch_end(
+            self._step, logs, learning_rate=summaries.learning_rate_of(self.model.optimizer)
+        )
 
     def on_train_end(self, logs=None):
         if self._profile is not None:
@@ -205,7 +207,8 @@ def standard_callbacks(
     timing = Timing(verbose=verbose_timing)
     return [
         timing,
-        TensorBoardSummaries(model_dir, every_steps=summary_every_steps, profile_steps=profile_steps, timing=timing),
+        TensorBoardSummaries(
+            model_dir, every_steps=summary_every_steps, profile_steps=profile_steps, timing=timing
+        ),
         CheckpointAndResume(model_dir, max_to_keep=max_to_keep),
     ]
-

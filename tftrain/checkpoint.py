@@ -35,6 +35,7 @@ from tftrain.checkpoint_validation import (
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     check_compatible,
+    ensure_writable_directory,
     read_all_tensors,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "IncompatibleCheckpointError",
     "NonFiniteStateError",
     "Progress",
+    "attribute_state",
     "ensure_writable_directory",
     "seed_generator_states",
     "training_state",
@@ -107,6 +109,31 @@ def training_state(
     if getattr(model, "optimizer", None) is not None:
         state["optimizer"] = model.optimizer
     state.update(extra or {})
+    return state
+
+
+def attribute_state(owner: Any, exclude: Any = None) -> dict[str, Any]:
+    """Training state kept in an object's attributes, e.g. a Trainer subclass's own optimizers.
+
+    Args:
+        owner: The object whose attributes are scanned.
+        exclude: An attribute value to leave out (e.g. the model, saved already).
+
+    Returns:
+        `owner_<name>` -> each Keras optimizer, model or variable attribute, and
+        `owner_metrics` -> the variables of its Keras metric attributes.
+    """
+    state: dict[str, Any] = {}
+    metric_variables = []
+    for name, value in sorted(vars(owner).items()):
+        if isinstance(value, keras.metrics.Metric):
+            metric_variables += list(value.variables)
+        elif value is not exclude and isinstance(
+            value, (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable)
+        ):
+            state[f"owner_{name}"] = value
+    if metric_variables:
+        state["owner_metrics"] = metric_variables
     return state
 
 
@@ -201,7 +228,11 @@ class Checkpointer:
         does not record (a save killed before it was recorded).
         """
         recorded = self._recorded()
-        kept = None if recorded is None else {tf.io.gfile.join(self.directory, p.split("/")[-1]) for p in recorded}
+        kept = (
+            None
+            if recorded is None
+            else {tf.io.gfile.join(self.directory, p.split("/")[-1]) for p in recorded}
+        )
         file_pattern = re.compile(rf"^({CHECKPOINT_NAME}-\d+)\.(index|data-\d+-of-\d+)$")
         removed = []
         for name in tf.io.gfile.listdir(self.directory):
@@ -339,7 +370,9 @@ class Checkpointer:
             f"infinite values. The last good checkpoint ({self.latest}) is kept."
         )
 
-    def save(self, progress: Progress, iterator: Any = None, timing_state: dict[str, Any] | None = None) -> str:
+    def save(
+        self, progress: Progress, iterator: Any = None, timing_state: dict[str, Any] | None = None
+    ) -> str:
         """Writes a checkpoint of the current state.
 
         Args:
@@ -379,34 +412,3 @@ class Checkpointer:
             del self._data.iterator
         self._iterator_saved.assign(False)
         return self.manager.save()
-
-
-def ensure_writable_directory(path: Any, argument: str) -> str:
-    """Creates `path` if needed and checks that it is a writable directory.
-
-    Raises:
-        ValueError: `path` is a file, or cannot be created or written.
-    """
-    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
-        raise TypeError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}. "
-            "Expected a directory path (str or os.PathLike)."
-        )
-    path = str(path.__fspath__() if hasattr(path, "__fspath__") else path)
-    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which is a "
-            "file. Expected a directory (it is created if missing)."
-        )
-    try:
-        tf.io.gfile.makedirs(path)
-        probe = tf.io.gfile.join(path, ".tftrain_write_test")
-        with tf.io.gfile.GFile(probe, "w") as handle:
-            handle.write("ok")
-        tf.io.gfile.remove(probe)
-    except (tf.errors.OpError, OSError) as error:
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which cannot be "
-            f"written ({error}). Expected a writable directory."
-        ) from error
-    return path

@@ -1,4 +1,4 @@
-"""Checks a checkpoint before restoring it: readable, and of the same variables and shapes.
+"""Checks before checkpointing: a writable directory; a readable checkpoint with the same variables.
 
 Restoring with `tf.train.Checkpoint` assigns variables one by one, so a
 mismatch found half-way leaves a model partly restored. These checks run first.
@@ -90,7 +90,9 @@ def _name(variable: Any) -> str:
 
 def _describe(key: str, variable: Any = None) -> str:
     short = key[: -len(VARIABLE_SUFFIX)] if key.endswith(VARIABLE_SUFFIX) else key
-    return f"`{_name(variable)}` (checkpoint key {short})" if variable is not None else f"checkpoint key {short}"
+    return (
+        f"`{_name(variable)}` (checkpoint key {short})" if variable is not None else f"checkpoint key {short}"
+    )
 
 
 def _shape(shape: Any) -> tuple[int | None, ...]:
@@ -115,8 +117,7 @@ def check_compatible(path: str, reader: tf.train.CheckpointReader, root: Any) ->
     for variable in _live_variables(root):
         if id(variable) not in matched:
             problems.append(
-                f"variable `{_name(variable)}` of shape {_shape(variable.shape)} "
-                "is not in the checkpoint"
+                f"variable `{_name(variable)}` of shape {_shape(variable.shape)} is not in the checkpoint"
             )
             continue
         _, key = matched[id(variable)]
@@ -148,3 +149,34 @@ def read_all_tensors(reader: tf.train.CheckpointReader) -> None:
     for key, dtype in reader.get_variable_to_dtype_map().items():
         if dtype != tf.variant:
             reader.get_tensor(key)
+
+
+def ensure_writable_directory(path: Any, argument: str) -> str:
+    """Creates `path` if needed and checks that it is a writable directory.
+
+    Raises:
+        ValueError: `path` is a file, or cannot be created or written.
+    """
+    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+        raise TypeError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}. "
+            "Expected a directory path (str or os.PathLike)."
+        )
+    path = str(path.__fspath__() if hasattr(path, "__fspath__") else path)
+    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which is a "
+            "file. Expected a directory (it is created if missing)."
+        )
+    try:
+        tf.io.gfile.makedirs(path)
+        probe = tf.io.gfile.join(path, ".tftrain_write_test")
+        with tf.io.gfile.GFile(probe, "w") as handle:
+            handle.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as error:
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which cannot be "
+            f"written ({error}). Expected a writable directory."
+        ) from error
+    return path

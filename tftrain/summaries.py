@@ -227,4 +227,3 @@ class ProfileWindow:
             tf.profiler.experimental.stop()
             self.active = False
             self.done = True
-

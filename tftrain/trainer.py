@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain import checkpoint as checkpoint_lib
 from tftrain import data as data_lib
 from tftrain import hooks, loops, timing, training_run
 from tftrain.model import CustomModel
@@ -289,7 +290,7 @@ class Trainer:
         run = training_run.start_run(
             self.run_options,
             model=self.model,
-            extra_state=self._own_trackables(),
+            extra_state=checkpoint_lib.attribute_state(self, exclude=self.model),
             plan=plan,
             epochs=epochs,
             timer=timer if self.measure_timing else None,
@@ -312,12 +313,14 @@ class Trainer:
                 if run.progress.step_in_epoch == 0:  # else: resumed mid-epoch, metrics restored
                     self.reset_metrics()
                 callback_list.on_epoch_begin(epoch)
-                logs = self._run_pass(
+                logs = training_run.run_pass(
                     plan,
                     train_loop,
                     *hooks.batch_hooks(callback_list, "train"),
-                    timer if self.measure_timing else None,
+                    steps_per_loop=self.options.steps_per_loop,
+                    timer=timer if self.measure_timing else None,
                     run=run,
+                    model=self.model,
                 )
                 epoch_logs = hooks.pythonify_logs(logs)
                 if val_plan is not None and not self.model.stop_training:
@@ -334,71 +337,6 @@ class Trainer:
         if verbose and self.measure_timing:
             print(f"tftrain timing ({self.options.name}):\n{self.timing.summary()}")
         return self.model.history
-
-    def _own_trackables(self) -> dict[str, Any]:
-        """State a Trainer subclass keeps in its own attributes (optimizers, metrics, variables)."""
-        state: dict[str, Any] = {}
-        metric_variables = []
-        for name, value in sorted(vars(self).items()):
-            if isinstance(value, keras.metrics.Metric):
-                metric_variables += list(value.variables)
-            elif value is not self.model and isinstance(
-                value, (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable)
-            ):
-                state[f"trainer_{name}"] = value
-        if metric_variables:
-            state["trainer_metrics"] = metric_variables
-        return state
-
-    def _run_pass(
-        self,
-        plan: data_lib.EpochPlan,
-        step_loop: loops.StepLoop,
-        on_batch_begin,
-        on_batch_end,
-        timer: timing.StepTimer | None = None,
-        run: training_run.TrainingRun | None = None,
-    ) -> dict[str, Any] | None:
-        """Runs one epoch (or one evaluation) of host calls; returns the last logs.
-
-        With a `run` (training), the epoch starts at the run's step in the
-        epoch (after a resume), host calls end at checkpoint and profiler
-        edges, and `model.stop_training` ends the epoch.
-        """
-        iterator = plan.begin_epoch()
-        target = plan.steps
-        step = run.progress.step_in_epoch if run is not None else 0
-        logs, data_ended = None, False
-        while target is None or step < target:
-            wanted = self.options.steps_per_loop
-            if target is not None:
-                wanted = min(wanted, target - step)
-            if run is not None:
-                wanted = run.steps_allowed(wanted)
-                run.before_call()
-            on_batch_begin(step)
-            traces_before = step_loop.trace_counter.count
-            if timer is not None:
-                timer.begin_call()
-            result = step_loop(iterator, wanted)
-            if timer is not None:
-                hooks.block_until_ready(result.logs)
-                timer.end_call(
-                    result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before
-                )
-            if run is not None:
-                run.after_call(result, target)
-            if result.steps:
-                step += result.steps
-                logs = result.logs
-                on_batch_end(step - 1, logs)
-            if result.steps < wanted:
-                data_ended = True
-                break
-            if run is not None and self.model.stop_training:
-                break
-        plan.end_epoch(step, data_ended)
-        return logs
 
     # -------------------------------------------------------------- evaluate
 
@@ -431,11 +369,57 @@ class Trainer:
     def _run_evaluation(self, plan: data_lib.EpochPlan, callback_list) -> dict[str, float]:
         self.reset_metrics()
         callback_list.on_test_begin()
-        logs = self._run_pass(
+        logs = training_run.run_pass(
             plan,
             self._loop("eval"),
             *hooks.batch_hooks(callback_list, "test"),
+            steps_per_loop=self.options.steps_per_loop,
         )
         results = hooks.pythonify_logs(logs)
         callback_list.on_test_end(results)
         return results
+
+    # ---------------------------------------------------------------- export
+
+    def save(self, filepath: str, *, overwrite: bool = True) -> None:
+        """Saves the model with its optimizer state to a `.keras` file (as `model.save`).
+
+        Load it with `keras.models.load_model(filepath)` (pass `custom_objects`
+        for subclassed models, or register them with
+        `keras.saving.register_keras_serializable`). Optimizers kept in a
+        Trainer subclass's own attributes are not in the file: use
+        `model_dir` checkpoints to keep a full training state.
+
+        Args:
+            filepath: The file to write; must end in `.keras`.
+            overwrite: Replace an existing file.
+
+        Raises:
+            ValueError: `filepath` does not end in `.keras`.
+        """
+        if not str(filepath).endswith(".keras"):
+            raise ValueError(
+                f"Invalid value for argument `filepath`. Received: filepath={filepath!r}. Expected a "
+                "path ending in `.keras`; for a SavedModel for serving, use `trainer.export(path)`."
+            )
+        self.model.save(filepath, overwrite=overwrite)
+
+    def export(self, filepath: str, **kwargs: Any) -> None:
+        """Exports the model as a TensorFlow SavedModel for serving (as `model.export`).
+
+        The SavedModel holds the forward pass only (no optimizer); load it
+        with `tf.saved_model.load(filepath)` and call its `serve` endpoint.
+
+        Args:
+            filepath: The directory to write.
+            **kwargs: Passed to `keras.Model.export` (e.g. `input_signature`).
+
+        Raises:
+            ValueError: the model is not built yet (train it, or call it on a batch, first).
+        """
+        if not self.model.built:
+            raise ValueError(
+                "Cannot export a model that is not built: its input shapes are unknown. Expected a "
+                "built model: train it first, call it once on a batch, or `model.build(input_shape)`."
+            )
+        self.model.export(filepath, **kwargs)

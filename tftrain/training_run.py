@@ -15,7 +15,7 @@ import numpy as np
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import data as data_lib
-from tftrain import loops, summaries, timing
+from tftrain import hooks, loops, summaries, timing
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -289,3 +289,56 @@ class TrainingRun:
             self.profile.close()
         if self.summaries is not None:
             self.summaries.close()
+
+
+def run_pass(
+    plan: data_lib.EpochPlan,
+    step_loop: loops.StepLoop,
+    on_batch_begin,
+    on_batch_end,
+    *,
+    steps_per_loop: int,
+    timer: timing.StepTimer | None = None,
+    run: TrainingRun | None = None,
+    model: Any = None,
+) -> dict[str, Any] | None:
+    """Runs one epoch (or one evaluation) of host calls; returns the last logs.
+
+    With a `run` (training), the epoch starts at the run's step in the
+    epoch (after a resume), host calls end at checkpoint and profiler
+    edges, and `model.stop_training` ends the epoch.
+    """
+    iterator = plan.begin_epoch()
+    target = plan.steps
+    step = run.progress.step_in_epoch if run is not None else 0
+    logs, data_ended = None, False
+    while target is None or step < target:
+        wanted = steps_per_loop
+        if target is not None:
+            wanted = min(wanted, target - step)
+        if run is not None:
+            wanted = run.steps_allowed(wanted)
+            run.before_call()
+        on_batch_begin(step)
+        traces_before = step_loop.trace_counter.count
+        if timer is not None:
+            timer.begin_call()
+        result = step_loop(iterator, wanted)
+        if timer is not None:
+            hooks.block_until_ready(result.logs)
+            timer.end_call(
+                result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before
+            )
+        if run is not None:
+            run.after_call(result, target)
+        if result.steps:
+            step += result.steps
+            logs = result.logs
+            on_batch_end(step - 1, logs)
+        if result.steps < wanted:
+            data_ended = True
+            break
+        if run is not None and model.stop_training:
+            break
+    plan.end_epoch(step, data_ended)
+    return logs
