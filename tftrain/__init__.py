@@ -14,10 +14,21 @@ _LAZY_NAMES = {
     "Trainer": ("tftrain.trainer", "Trainer"),
     "CustomModel": ("tftrain.model", "CustomModel"),
     "TimingReport": ("tftrain.timing", "TimingReport"),
+    "NonFiniteLossError": ("tftrain.training_run", "NonFiniteLossError"),
 }
-_SUBMODULES = {"callbacks", "data", "loops", "model", "timing", "trainer"}
+_SUBMODULES = {
+    "callbacks",
+    "checkpoint",
+    "data",
+    "loops",
+    "model",
+    "summaries",
+    "timing",
+    "trainer",
+    "training_run",
+}
 
-__all__ = ["Trainer", "CustomModel", "TimingReport", *sorted(_SUBMODULES)]
+__all__ = ["Trainer", "CustomModel", "TimingReport", "NonFiniteLossError", *sorted(_SUBMODULES)]
 
 
 def __getattr__(name: str) -> Any:
