@@ -1,4 +1,8 @@
-"""The Trainer under MirroredStrategy on 2 logical CPUs equals one device (fresh process)."""
+"""The Trainer under MirroredStrategy on 2 logical CPUs equals one device (fresh process).
+
+Also resumes a distributed run from a mid-epoch checkpoint: the distributed
+iterator cannot be saved, so the resumed run skips the batches already seen.
+"""
 
 import json
 import os
@@ -8,7 +12,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent(
     """
-    import json
+    import json, tempfile, warnings
     import keras, numpy as np, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -39,12 +43,37 @@ SCRIPT = textwrap.dedent(
         diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights()))
         results[name] = {"diff": diff, "steps": trainer.timing.steps,
                          "examples_per_sec": trainer.timing.examples_per_sec}
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 6:
+                raise RuntimeError("crash")
+
+    model_dir = tempfile.mkdtemp()
+    with strategy.scope():
+        model = build()
+    trainer = tftrain.Trainer(model, strategy=strategy, model_dir=model_dir, checkpoint_every_steps=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trainer.fit(dataset, epochs=2, verbose=0, callbacks=[Crash()])
+        except RuntimeError:
+            pass
+    with strategy.scope():
+        model = build()
+        model.layers[0].kernel.assign(tf.zeros_like(model.layers[0].kernel))  # restored below
+    trainer = tftrain.Trainer(model, strategy=strategy, model_dir=model_dir, checkpoint_every_steps=3)
+    trainer.fit(dataset, epochs=2, verbose=0)
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights()))
+    results["resumed"] = {"diff": diff, "steps": int(model.optimizer.iterations.numpy()),
+                          "examples_per_sec": 1.0,
+                          "warned": any("skip the batches" in str(w.message) for w in caught)}
     print("RESULT" + json.dumps(results))
     """
 )
 
 
-def test_mirrored_two_replicas_match_one_device():
+def test_mirrored_two_replicas_match_one_device_and_resume():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     completed = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
@@ -52,7 +81,9 @@ def test_mirrored_two_replicas_match_one_device():
     assert completed.returncode == 0, completed.stderr[-3000:]
     line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
     results = json.loads(line[len("RESULT") :])
+    assert set(results) == {"graph", "loop2", "resumed"}
     for name, result in results.items():
         assert result["diff"] < 1e-5, name
         assert result["steps"] == 8, name
         assert result["examples_per_sec"] > 0, name
+    assert results["resumed"]["warned"]

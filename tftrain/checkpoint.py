@@ -370,6 +370,15 @@ class Checkpointer:
             f"infinite values. The last good checkpoint ({self.latest}) is kept."
         )
 
+    def _warn_iterator_unsaveable(self, reason: str) -> None:
+        self._iterator_unsaveable_reason = reason
+        warnings.warn(
+            f"The training data iterator cannot be checkpointed ({reason}); resuming will skip "
+            "the batches already seen instead (the same batches only if the input order is "
+            "deterministic).",
+            stacklevel=3,
+        )
+
     def save(
         self, progress: Progress, iterator: Any = None, timing_state: dict[str, Any] | None = None
     ) -> str:
@@ -392,6 +401,12 @@ class Checkpointer:
         for name, variable in self._progress.items():
             variable.assign(getattr(progress, name))
         self._timing.assign(json.dumps(timing_state) if timing_state else "")
+        if (
+            iterator is not None
+            and self._iterator_unsaveable_reason is None
+            and not _is_checkpointable_iterator(iterator)
+        ):
+            self._warn_iterator_unsaveable(f"a {type(iterator).__name__} is not a tf.data iterator")
         with_iterator = self._iterator_unsaveable_reason is None and _is_checkpointable_iterator(iterator)
         if with_iterator:
             self._data.iterator = iterator
@@ -400,13 +415,7 @@ class Checkpointer:
                 return self.manager.save()
             except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as error:
                 # e.g. a pipeline with a Python generator or stateful op: tf.data cannot save it.
-                self._iterator_unsaveable_reason = str(error).splitlines()[0]
-                warnings.warn(
-                    "The training data iterator cannot be checkpointed "
-                    f"({self._iterator_unsaveable_reason}); resuming will skip the batches "
-                    "already seen instead.",
-                    stacklevel=2,
-                )
+                self._warn_iterator_unsaveable(str(error).splitlines()[0])
                 self.clean_leftovers()
         if hasattr(self._data, "iterator"):
             del self._data.iterator
