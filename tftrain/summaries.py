@@ -67,7 +67,6 @@ class TrainingSummaries:
         self.log_dir = str(log_dir)
         self.every_steps = every_steps
         self._writers: dict[str, Any] = {}
-        self._last_written_step: int | None = None
 
     def writer(self, run: str):
         """The `tf.summary` writer of a run (`"train"` or `"validation"`), created on first use."""

@@ -9,6 +9,7 @@ steps and at each epoch end. It also tells the loop where a host call must end
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
@@ -134,6 +135,15 @@ def start_run(
         terminate_on_nan=options.terminate_on_nan,
     )
     run.traces_before = trace_counter.count - restored_traces
+    if progress.global_step > 0:
+        # The restored first call was the job's trace; this process's is not its first step.
+        run._trace_written = True
+        if profile is not None and progress.global_step > profile.start - 1:
+            warnings.warn(
+                f"profile_steps={options.profile_steps} starts at or before step {progress.global_step}, "
+                "where this run resumes: nothing is profiled. Expected a window after the resume point.",
+                stacklevel=3,
+            )
     return run
 
 

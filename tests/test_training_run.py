@@ -1,0 +1,169 @@
+"""The non-finite loss guard: training stops at the step whose loss is NaN, on every engine."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import make_mlp
+
+import tftrain
+from tftrain import loops
+from tftrain.training_run import NonFiniteLossError
+
+BATCH_SIZE = 4
+STEPS_PER_EPOCH = 8
+BAD_BATCH = 3  # 0-based batch of the first epoch: global step 4
+BAD_STEP = BAD_BATCH + 1
+
+# Where the engine matters less: one that checks the loss on the host, one that checks it in the graph.
+host_and_graph_checks = pytest.mark.parametrize("engine", ["graph", "loop3"], indirect=True)
+
+
+def regression_data(nan_batch=BAD_BATCH):
+    """32 examples in batches of 4; one target of batch `nan_batch` is NaN (None: no NaN)."""
+    rng = np.random.RandomState(0)
+    x = rng.rand(STEPS_PER_EPOCH * BATCH_SIZE, 6).astype("float32")
+    y = rng.rand(STEPS_PER_EPOCH * BATCH_SIZE, 3).astype("float32")
+    if nan_batch is not None:
+        y[nan_batch * BATCH_SIZE + 1, 2] = np.nan
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+
+
+def mse_args():
+    return dict(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
+
+
+def test_nan_loss_stops_training_at_that_step(engine):
+    model = make_mlp()
+    trainer = tftrain.Trainer(model, **mse_args(), **engine)
+    with pytest.raises(NonFiniteLossError, match=rf"step {BAD_STEP}\b.*'loss': nan") as raised:
+        trainer.fit(regression_data(), epochs=2, verbose=0)
+    assert isinstance(raised.value, FloatingPointError)
+    assert "terminate_on_nan=False" in str(raised.value)
+    assert int(model.optimizer.iterations) == BAD_STEP  # no step ran after the bad one
+
+
+@host_and_graph_checks
+def test_no_checkpoint_holds_the_nan(engine, tmp_path):
+    model = make_mlp()
+    trainer = tftrain.Trainer(
+        model, **mse_args(), **engine, model_dir=str(tmp_path), checkpoint_every_steps=2
+    )
+    with pytest.raises(NonFiniteLossError, match=rf"step {BAD_STEP}\b") as raised:
+        trainer.fit(regression_data(), epochs=2, verbose=0)
+    assert int(model.optimizer.iterations) == BAD_STEP
+    assert not np.all(np.isfinite(model.get_weights()[0]))  # the bad step did reach the weights
+
+    latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+    assert latest is not None
+    assert latest in str(raised.value)  # the error points at the last good checkpoint
+    reader = tf.train.load_checkpoint(latest)
+    assert int(reader.get_tensor("progress/global_step/.ATTRIBUTES/VARIABLE_VALUE")) == 2
+    checked = 0
+    for path in tf.train.get_checkpoint_state(str(tmp_path / "checkpoints")).all_model_checkpoint_paths:
+        reader = tf.train.load_checkpoint(path)
+        assert int(reader.get_tensor("progress/global_step/.ATTRIBUTES/VARIABLE_VALUE")) < BAD_STEP
+        for key, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype.is_floating:
+                assert np.all(np.isfinite(reader.get_tensor(key))), (path, key)
+                checked += 1
+    assert checked > 0
+
+
+@host_and_graph_checks
+def test_terminate_on_nan_false_trains_on(engine):
+    model = make_mlp()
+    trainer = tftrain.Trainer(model, **mse_args(), **engine, terminate_on_nan=False)
+    history = trainer.fit(regression_data(), epochs=2, verbose=0)
+    assert int(model.optimizer.iterations) == 2 * STEPS_PER_EPOCH
+    assert np.isnan(history.history["loss"][0])
+
+
+class NamedLossTrainer(tftrain.Trainer):
+    """A custom-loop trainer whose logs are computed from the batch, counting its steps."""
+
+    def __init__(self, *args, logs_fn, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.logs_fn = logs_fn
+        self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def train_step(self, batch):
+        self.steps_run.assign_add(1)
+        return self.logs_fn(*batch)
+
+
+def named_loss_logs(x, y):
+    bad = tf.reduce_mean(y)  # NaN at the bad batch
+    return {"d_loss": tf.reduce_mean(x), "g_loss": bad}
+
+
+def non_loss_logs(x, y):
+    return {"loss": tf.reduce_mean(x), "ratio": tf.reduce_mean(y), "loss_scale": tf.reduce_max(y)}
+
+
+def test_a_named_loss_counts(engine):
+    trainer = NamedLossTrainer(make_mlp(), logs_fn=named_loss_logs, **engine)
+    with pytest.raises(NonFiniteLossError, match=rf"step {BAD_STEP}\b.*'g_loss': nan"):
+        trainer.fit(regression_data(), epochs=2, verbose=0)
+    assert int(trainer.steps_run) == BAD_STEP
+
+
+@host_and_graph_checks
+def test_a_non_loss_log_does_not_stop_training(engine):
+    trainer = NamedLossTrainer(make_mlp(), logs_fn=non_loss_logs, **engine)
+    history = trainer.fit(regression_data(), epochs=2, verbose=0)
+    assert int(trainer.steps_run) == 2 * STEPS_PER_EPOCH
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_terminate_on_nan_must_be_a_bool():
+    with pytest.raises(TypeError, match="terminate_on_nan"):
+        tftrain.Trainer(make_mlp(), **mse_args(), terminate_on_nan="yes")
+    with pytest.raises(TypeError, match="terminate_on_nan"):
+        tftrain.Trainer(make_mlp(), **mse_args(), terminate_on_nan=1)
+
+
+# ------------------------------------------------------------------ loops
+
+
+def loss_of_batch(batch):
+    return {"loss": tf.reduce_mean(batch), "other": tf.constant(1.0)}
+
+
+def values_dataset():
+    """Batches [1.], [2.], [3.], [nan], [5.], ... [9.]."""
+    values = np.arange(1, 10, dtype="float32")
+    values[3] = np.nan
+    return tf.data.Dataset.from_tensor_slices(values).batch(1)
+
+
+loop_engines = pytest.mark.parametrize(
+    "options",
+    [
+        loops.EngineOptions(steps_per_loop=3),  # in-graph k-step loop
+        loops.EngineOptions(),  # host loop over a tf.function step
+        loops.EngineOptions(use_tf_function=False),  # host loop, eager
+    ],
+    ids=lambda options: options.name,
+)
+
+
+@loop_engines
+def test_loop_stops_right_after_a_nonfinite_loss(options):
+    loop = loops.make_loop(loss_of_batch, options, stop_on_nonfinite=True)
+    iterator = iter(values_dataset())
+    results = [loop(iterator, 3) for _ in range(4)]
+    assert [result.steps for result in results] == [3, 1, 3, 2]
+    assert [result.nonfinite for result in results] == [False, True, False, False]
+    assert np.isnan(float(results[1].logs["loss"]))
+    assert float(results[2].logs["loss"]) == 7.0  # the next call starts at the next batch
+
+
+@loop_engines
+def test_loop_without_the_guard_runs_every_step(options):
+    loop = loops.make_loop(loss_of_batch, options)
+    iterator = iter(values_dataset())
+    results = [loop(iterator, 3) for _ in range(4)]
+    assert [result.steps for result in results] == [3, 3, 3, 0]
+    assert not any(result.nonfinite for result in results)
+    assert float(results[1].logs["loss"]) == 6.0  # ran on past the NaN batch
