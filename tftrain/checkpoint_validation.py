@@ -51,13 +51,14 @@ def _match_saved_graph(reader: tf.train.CheckpointReader, root: Any):
 
     Returns:
         `(matched, unmatched)`: live variable id -> (variable, checkpoint key),
-        and the checkpoint keys of saved variables with no live counterpart.
+        and `(checkpoint key, saved name)` of each saved variable with no live
+        counterpart (the name the saving run gave it; empty if not recorded).
     """
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor(OBJECT_GRAPH_KEY))
     view = tf.train.TrackableView(root)
     matched: dict[int, tuple[Any, str]] = {}
-    orphans: set[str] = set()
+    orphans: dict[str, str] = {}
     # A saved object can be reached by several paths (a kernel is both a layer's and
     # the optimizer's); a path that is missing live must not hide one that exists.
     visited_live: set[int] = set()
@@ -76,23 +77,22 @@ def _match_saved_graph(reader: tf.train.CheckpointReader, root: Any):
             if _is_variable(live):
                 matched[id(live)] = (live, attribute.checkpoint_key)
             else:
-                orphans.add(attribute.checkpoint_key)
+                orphans[attribute.checkpoint_key] = attribute.full_name
         children = view.children(live) if live is not None and not _is_variable(live) else {}
         for reference in node.children:
             queue.append((reference.node_id, children.get(reference.local_name)))
     matched_keys = {key for _, key in matched.values()}
-    return matched, sorted(orphans - matched_keys)
+    return matched, [(key, orphans[key]) for key in sorted(orphans.keys() - matched_keys)]
 
 
 def _name(variable: Any) -> str:
     return getattr(variable, "path", None) or variable.name
 
 
-def _describe(key: str, variable: Any = None) -> str:
+def _describe(key: str, variable: Any = None, saved_name: str = "") -> str:
     short = key[: -len(VARIABLE_SUFFIX)] if key.endswith(VARIABLE_SUFFIX) else key
-    return (
-        f"`{_name(variable)}` (checkpoint key {short})" if variable is not None else f"checkpoint key {short}"
-    )
+    name = _name(variable) if variable is not None else saved_name
+    return f"`{name}` (checkpoint key {short})" if name else f"checkpoint key {short}"
 
 
 def _shape(shape: Any) -> tuple[int | None, ...]:
@@ -127,8 +127,9 @@ def check_compatible(path: str, reader: tf.train.CheckpointReader, root: Any) ->
                 f"but {_shape(variable.shape)} in the model"
             )
     problems += [
-        f"the checkpoint has {_describe(key)} of shape {_shape(shapes[key])}, which the model lacks"
-        for key in unmatched
+        f"the checkpoint has {_describe(key, saved_name=name)} of shape {_shape(shapes[key])}, "
+        "which the model lacks"
+        for key, name in unmatched
     ]
     if problems:
         listed = "\n  - ".join(problems[:10])
