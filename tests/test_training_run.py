@@ -7,7 +7,7 @@ import tensorflow as tf
 from helpers import make_mlp
 
 import tftrain
-from tftrain import loops
+from tftrain import loops, training_run
 from tftrain.training_run import NonFiniteLossError
 
 BATCH_SIZE = 4
@@ -167,3 +167,11 @@ def test_loop_without_the_guard_runs_every_step(options):
     assert [result.steps for result in results] == [3, 3, 3, 0]
     assert not any(result.nonfinite for result in results)
     assert float(results[1].logs["loss"]) == 6.0  # ran on past the NaN batch
+
+
+@pytest.mark.parametrize("verbose", [0, 1])
+def test_resume_message_is_logged_and_printed_unless_silent(verbose, capsys, caplog):
+    with caplog.at_level("INFO", logger="tftrain"):
+        training_run.report_resume("tftrain: resumed from x at step 3", verbose)
+    assert "resumed from x" in caplog.text
+    assert ("resumed from x" in capsys.readouterr().out) == bool(verbose)

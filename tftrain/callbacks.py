@@ -18,7 +18,7 @@ import os
 import keras
 
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import summaries
+from tftrain import summaries, training_run
 from tftrain.timing import Timing
 
 __all__ = ["CheckpointAndResume", "TensorBoardSummaries", "Timing", "standard_callbacks"]
@@ -169,9 +169,10 @@ class CheckpointAndResume(keras.callbacks.Callback):
         self.restored = self.checkpointer.restore_latest()
         if self.restored is not None:
             self.model._initial_epoch = self.restored.epoch  # read by keras.Model.fit
-            print(
+            training_run.report_resume(
                 f"tftrain: resumed from {self.checkpointer.latest} at epoch {self.restored.epoch + 1} "
-                f"(step {self.restored.global_step})."
+                f"(step {self.restored.global_step}).",
+                self.params.get("verbose", 1),
             )
 
     def on_epoch_end(self, epoch, logs=None):

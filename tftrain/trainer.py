@@ -295,6 +295,7 @@ class Trainer:
             epochs=epochs,
             timer=timer if self.measure_timing else None,
             trace_counter=train_loop.trace_counter,
+            verbose=verbose,
         )
         callback_list = keras.callbacks.CallbackList(
             callbacks,

@@ -9,6 +9,7 @@ steps and at each epoch end. It also tells the loop where a host call must end
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 from typing import Any
 
@@ -68,6 +69,13 @@ class RunOptions:
             object.__setattr__(self, "model_dir", directory)
 
 
+def report_resume(message: str, verbose: int) -> None:
+    """Logs where a run resumed (`tftrain` logger), and prints it unless `verbose` is 0."""
+    logging.getLogger("tftrain").info(message)
+    if verbose:
+        print(message)
+
+
 def start_run(
     options: RunOptions,
     *,
@@ -77,6 +85,7 @@ def start_run(
     epochs: int,
     timer: timing.StepTimer | None,
     trace_counter: timing.TraceCounter,
+    verbose: int = 1,
 ) -> TrainingRun:
     """Sets up one `fit`: checkpoints, summaries, profiler; restores the latest checkpoint.
 
@@ -88,6 +97,7 @@ def start_run(
         epochs: Epochs of the whole run (the target a resumed run trains up to).
         timer: The step timer (restored from the checkpoint), or None.
         trace_counter: The training step's trace counter.
+        verbose: Print where a resumed run starts (it is logged either way).
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -115,9 +125,10 @@ def start_run(
             if state is not None and timer is not None:
                 timer.load_state_dict(state["timer"])
                 restored_traces = int(state["trace_count"])
-            print(
+            report_resume(
                 f"tftrain: resumed from {checkpointer.latest} at step {progress.global_step} "
-                f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch)."
+                f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch).",
+                verbose,
             )
         writer = summaries.TrainingSummaries(options.model_dir, every_steps=options.summary_every_steps)
         if window is not None:

@@ -99,7 +99,7 @@ def main():
             kill_during_save(int(value), args.model_dir)
         else:
             callbacks.append(KillAt(kind, int(value)))
-    history = trainer.fit(dataset, epochs=args.epochs, steps_per_epoch=4, verbose=0, callbacks=callbacks)
+    history = trainer.fit(dataset, epochs=args.epochs, steps_per_epoch=4, verbose=2, callbacks=callbacks)
     np.savez(
         os.path.join(args.model_dir, "final.npz"),
         steps=int(model.optimizer.iterations),
