@@ -175,3 +175,37 @@ def test_resume_message_is_logged_and_printed_unless_silent(verbose, capsys, cap
         training_run.report_resume("tftrain: resumed from x at step 3", verbose)
     assert "resumed from x" in caplog.text
     assert ("resumed from x" in capsys.readouterr().out) == bool(verbose)
+
+
+class LazyModel(keras.Model):
+    """Built on its first call only, by its own training step (no symbolic build)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, x, training=False):
+        return self.dense(x)
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+        return {"loss": loss}
+
+
+def test_resume_into_an_unbuilt_model_is_a_clear_error(tmp_path):
+    first = LazyModel()
+    tftrain.Trainer(first, optimizer=keras.optimizers.SGD(0.01), model_dir=str(tmp_path)).fit(
+        regression_data(nan_batch=None), epochs=1, verbose=0
+    )
+    assert first.built
+    rerun = LazyModel()
+    trainer = tftrain.Trainer(rerun, optimizer=keras.optimizers.SGD(0.01), model_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"Cannot resume from .*ckpt-\d+: the model is not built.*model\.build"):
+        trainer.fit(regression_data(nan_batch=None), epochs=2, verbose=0)
+    rerun(np.zeros((1, 6), "float32"))  # built by a call: the fix the error suggests
+    trainer.fit(regression_data(nan_batch=None), epochs=2, verbose=0)  # built: resumes at epoch 2
+    assert int(rerun.optimizer.iterations) == 2 * STEPS_PER_EPOCH

@@ -152,7 +152,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
         self.checkpointer = checkpoint_lib.Checkpointer(
             os.path.join(self.directory, "checkpoints"),
             # Metric states are not needed: fit resumes at an epoch start, where they are reset.
-            checkpoint_lib.training_state(model, metrics=False),
+            lambda: checkpoint_lib.training_state(model, metrics=False),
             max_to_keep=self.max_to_keep,
         )
         if self.checkpointer.latest is None:

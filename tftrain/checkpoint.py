@@ -23,7 +23,7 @@ import dataclasses
 import json
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
@@ -147,14 +147,23 @@ class Checkpointer:
 
     Args:
         directory: Where checkpoints go (created if needed).
-        state: Name -> trackable (see `training_state`).
+        state: Name -> trackable (see `training_state`), or a function that
+            returns it. A function is called at every save and restore, so
+            state that appears late (a model built in its first step, with
+            its Dropout seeds and metrics) is saved too.
         max_to_keep: Checkpoints kept; older ones are deleted.
 
     Raises:
         ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
     """
 
-    def __init__(self, directory: str, state: Mapping[str, Any], *, max_to_keep: int = 5):
+    def __init__(
+        self,
+        directory: str,
+        state: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+        *,
+        max_to_keep: int = 5,
+    ):
         if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
             raise ValueError(
                 f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
@@ -169,11 +178,11 @@ class Checkpointer:
             }
             self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
             self._timing = tf.Variable("", dtype=tf.string, trainable=False, name="timing_state")
-        self._state = dict(state)
+        self._state_fn = state if callable(state) else (lambda: dict(state))
         self._data = tf.Module(name="data")
         self._iterator_unsaveable_reason: str | None = None
         self._root = tf.train.Checkpoint(
-            **self._state,
+            **self._state_fn(),
             progress=self._progress,
             iterator_saved=self._iterator_saved,
             timing=self._timing,
@@ -310,7 +319,10 @@ class Checkpointer:
         # saved object missing from the root it reads into, and would apply it to
         # the next iterator attached to `self._root` at a later save.
         state_root = tf.train.Checkpoint(
-            **self._state, progress=self._progress, iterator_saved=self._iterator_saved, timing=self._timing
+            **self._state_fn(),
+            progress=self._progress,
+            iterator_saved=self._iterator_saved,
+            timing=self._timing,
         )
         state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
         check_compatible(path, reader, state_root)
@@ -354,8 +366,9 @@ class Checkpointer:
 
     def check_finite(self) -> None:
         """Raises `NonFiniteStateError` if a model or optimizer variable holds NaN/Inf."""
-        variables = list(self._state["model"].variables)
-        optimizer = self._state.get("optimizer")
+        state = self._state_fn()
+        variables = list(state["model"].variables)
+        optimizer = state.get("optimizer")
         if optimizer is not None:
             variables += list(optimizer.variables)
         floating = [v for v in variables if tf.as_dtype(v.dtype).is_floating]
@@ -401,6 +414,8 @@ class Checkpointer:
         for name, variable in self._progress.items():
             variable.assign(getattr(progress, name))
         self._timing.assign(json.dumps(timing_state) if timing_state else "")
+        for name, value in self._state_fn().items():
+            setattr(self._root, name, value)
         if (
             iterator is not None
             and self._iterator_unsaveable_reason is None

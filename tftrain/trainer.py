@@ -290,7 +290,7 @@ class Trainer:
         run = training_run.start_run(
             self.run_options,
             model=self.model,
-            extra_state=checkpoint_lib.attribute_state(self, exclude=self.model),
+            extra_state=lambda: checkpoint_lib.attribute_state(self, exclude=self.model),
             plan=plan,
             epochs=epochs,
             timer=timer if self.measure_timing else None,

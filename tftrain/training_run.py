@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,7 +81,7 @@ def start_run(
     options: RunOptions,
     *,
     model: Any,
-    extra_state: dict[str, Any],
+    extra_state: Callable[[], dict[str, Any]],
     plan: data_lib.EpochPlan,
     epochs: int,
     timer: timing.StepTimer | None,
@@ -92,7 +93,7 @@ def start_run(
     Args:
         options: The run options.
         model: The model being trained (its optimizer's learning rate is logged).
-        extra_state: More trackables to checkpoint (a Trainer subclass's own state).
+        extra_state: Returns more trackables to checkpoint (a Trainer subclass's own state).
         plan: The training data plan; resumed at the checkpoint's data position.
         epochs: Epochs of the whole run (the target a resumed run trains up to).
         timer: The step timer (restored from the checkpoint), or None.
@@ -103,7 +104,8 @@ def start_run(
         The `TrainingRun`, at the restored progress (or at the start).
 
     Raises:
-        ValueError: `profile_steps` ends after the run's last step.
+        ValueError: `profile_steps` ends after the run's last step, or a
+            checkpoint exists but the model is not built to restore it.
         tftrain.checkpoint.CheckpointError: the checkpoint cannot be used.
     """
     total_steps = epochs * plan.steps if plan.steps is not None else None
@@ -114,9 +116,15 @@ def start_run(
     if options.model_dir is not None:
         checkpointer = checkpoint_lib.Checkpointer(
             f"{options.model_dir}/checkpoints",
-            checkpoint_lib.training_state(model, extra_state),
+            lambda: checkpoint_lib.training_state(model, extra_state()),
             max_to_keep=options.max_to_keep,
         )
+        if checkpointer.latest is not None and not model.built:
+            raise ValueError(
+                f"Cannot resume from {checkpointer.latest}: the model is not built yet, so its variables "
+                "do not exist to be restored. Expected a built model: call it once on a batch, or "
+                "`model.build(input_shape)`, before `fit`."
+            )
         restored = checkpointer.restore_latest(plan.next_iterator())
         if restored is not None:
             progress = restored
