@@ -1,5 +1,9 @@
 """The Trainer under MirroredStrategy on 2 logical CPUs equals one device (fresh process).
 
+Every engine that TF allows there (graph, k-step, eager; XLA is a clear error
+on logical CPUs), a hand-written step that averages over the global batch, and
+a CustomModel under `model.fit`.
+
 Also resumes a distributed run from a mid-epoch checkpoint: the distributed
 iterator cannot be saved, so the resumed run skips the batches already seen.
 """
@@ -34,6 +38,10 @@ SCRIPT = textwrap.dedent(
 
     reference = build()
     tftrain.Trainer(reference).fit(dataset, epochs=2, verbose=0)
+
+    def weight_diff(model):
+        return max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights()))
+
     results = {}
     for name, kwargs in {"graph": {}, "loop2": {"steps_per_loop": 2}}.items():
         with strategy.scope():
@@ -43,6 +51,53 @@ SCRIPT = textwrap.dedent(
         diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights()))
         results[name] = {"diff": diff, "steps": trainer.timing.steps,
                          "examples_per_sec": trainer.timing.examples_per_sec}
+
+    with strategy.scope():
+        model = build()
+    trainer = tftrain.Trainer(model, strategy=strategy, use_tf_function=False)
+    trainer.fit(dataset, epochs=2, verbose=0)
+    results["eager"] = {"diff": weight_diff(model), "steps": trainer.timing.steps,
+                        "examples_per_sec": trainer.timing.examples_per_sec}
+
+    # The classic custom-loop style: a hand-written loss averaged over the global batch.
+    class HandWritten(tftrain.Trainer):
+        def train_step(self, batch):
+            x, y = batch
+            with tf.GradientTape() as tape:
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y, self.model(x, training=True), from_logits=True)
+                loss = tf.nn.compute_average_loss(per_example)
+            grads = tape.gradient(loss, self.model.trainable_variables)
+            self.optimizer.apply(grads, self.model.trainable_variables)
+            return {"loss": loss}
+
+    with strategy.scope():
+        model = build()
+    trainer = HandWritten(model, strategy=strategy)
+    trainer.fit(dataset, epochs=2, verbose=0)
+    results["hand_written"] = {"diff": weight_diff(model), "steps": trainer.timing.steps,
+                               "examples_per_sec": trainer.timing.examples_per_sec}
+
+    # A CustomModel's own train_step under keras fit, with the same strategy.
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, activation="relu")(inputs)
+        model = tftrain.CustomModel(inputs, keras.layers.Dense(3)(hidden))
+        model.compile(keras.optimizers.SGD(0.1),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(dataset, epochs=2, verbose=0, shuffle=False)
+    results["custom_model_fit"] = {"diff": weight_diff(model),
+                                   "steps": int(model.optimizer.iterations.numpy()),
+                                   "examples_per_sec": 1.0}
+
+    errors = {}
+    with strategy.scope():
+        model = build()
+    try:
+        tftrain.Trainer(model, strategy=strategy, jit_compile=True).fit(dataset, verbose=0)
+    except ValueError as error:
+        errors["xla"] = str(error)
 
     class Crash(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -68,7 +123,7 @@ SCRIPT = textwrap.dedent(
     results["resumed"] = {"diff": diff, "steps": int(model.optimizer.iterations.numpy()),
                           "examples_per_sec": 1.0,
                           "warned": any("skip the batches" in str(w.message) for w in caught)}
-    print("RESULT" + json.dumps(results))
+    print("RESULT" + json.dumps({"results": results, "errors": errors}))
     """
 )
 
@@ -80,10 +135,12 @@ def test_mirrored_two_replicas_match_one_device_and_resume():
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
-    results = json.loads(line[len("RESULT") :])
-    assert set(results) == {"graph", "loop2", "resumed"}
+    output = json.loads(line[len("RESULT") :])
+    results, errors = output["results"], output["errors"]
+    assert set(results) == {"graph", "loop2", "eager", "hand_written", "custom_model_fit", "resumed"}
     for name, result in results.items():
         assert result["diff"] < 1e-5, name
         assert result["steps"] == 8, name
         assert result["examples_per_sec"] > 0, name
     assert results["resumed"]["warned"]
+    assert "jit_compile=True with a strategy over 2 CPU devices" in errors["xla"]

@@ -72,10 +72,15 @@ class EngineOptions:
 
 
 def _reduce_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
-    """Per-replica step outputs -> one value each (the mean over replicas)."""
+    """Per-replica step outputs -> one value each (the mean over all replicas).
+
+    A worker with one device gets plain tensors back from `strategy.run`, not
+    `DistributedValues`; they are reduced too, or each worker of a multi-worker
+    run would log only its own replicas' values.
+    """
 
     def reduce(value):
-        if isinstance(value, tf.distribute.DistributedValues):
+        if isinstance(value, tf.distribute.DistributedValues | tf.Tensor | tf.Variable):
             return strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
         return value
 
@@ -293,18 +298,42 @@ def make_loop(
 
     Returns:
         A `StepLoop`.
+
+    Raises:
+        ValueError: XLA was asked for under a strategy over several CPU devices.
     """
     strategy = strategy or tf.distribute.get_strategy()
     counter = timing.TraceCounter(name)
-
-    def replicated_step(batch):
-        return _reduce_outputs(strategy.run(step_fn, args=(batch,)), strategy)
+    in_graph = options.use_tf_function and options.steps_per_loop > 1
 
     # Without a strategy, `strategy.run` only adds host work (autograph
     # conversion, replica-context push/pop), which is felt in eager mode.
     single_device = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
-    step = counter.wrap(step_fn if single_device else replicated_step)
+    if single_device:
+        step = counter.wrap(step_fn)
+        if options.use_tf_function:
+            step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
+        return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite)
+
+    devices = strategy.extended.worker_devices
+    if options.jit_compile and len(devices) > 1 and all("CPU" in device.upper() for device in devices):
+        raise ValueError(
+            "Invalid combination of arguments. Received: jit_compile=True with a strategy over "
+            f"{len(devices)} CPU devices ({', '.join(devices)}). XLA cannot run one replica per "
+            "logical CPU device: TensorFlow places every compiled replica on the first CPU, away "
+            "from its variables. Expected jit_compile=False here; XLA works under a strategy "
+            "over GPUs or TPUs, or on one CPU device."
+        )
+    # XLA compiles the per-replica step: a cluster cannot span the replicas'
+    # devices, so `strategy.run` and the cross-replica reduction stay outside it.
+    replica_step = step_fn
+    if options.jit_compile:
+        replica_step = tf.function(step_fn, reduce_retracing=True, jit_compile=True)
+
+    def replicated_step(batch):
+        return _reduce_outputs(strategy.run(replica_step, args=(batch,)), strategy)
+
+    step = counter.wrap(replicated_step)
     if options.use_tf_function:
-        step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
-    in_graph = options.use_tf_function and options.steps_per_loop > 1
+        step = tf.function(step, reduce_retracing=True)
     return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite)
