@@ -99,6 +99,16 @@ SCRIPT = textwrap.dedent(
     except ValueError as error:
         errors["xla"] = str(error)
 
+    uneven = tf.data.Dataset.from_tensor_slices((x, y)).batch(15, drop_remainder=True)
+    try:
+        tftrain.Trainer(model, strategy=strategy).fit(uneven, verbose=0)
+    except ValueError as error:
+        errors["batch"] = str(error)
+    try:
+        tftrain.Trainer(build(), strategy=strategy)  # built outside the scope
+    except ValueError as error:
+        errors["scope"] = str(error)
+
     class Crash(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if int(self.model.optimizer.iterations.numpy()) == 6:
@@ -144,3 +154,5 @@ def test_mirrored_two_replicas_match_one_device_and_resume():
         assert result["examples_per_sec"] > 0, name
     assert results["resumed"]["warned"]
     assert "jit_compile=True with a strategy over 2 CPU devices" in errors["xla"]
+    assert "batches of 15 examples for 2 replicas" in errors["batch"]
+    assert "was not created in the scope" in errors["scope"]

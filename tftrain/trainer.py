@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import data as data_lib
-from tftrain import hooks, loops, timing, training_run
+from tftrain import distribute, hooks, loops, precision, strategy_checks, timing, training_run
 from tftrain.model import CustomModel
 
 _DEFAULT_MODEL_STEPS = {
@@ -81,6 +81,10 @@ class Trainer:
         terminate_on_nan: Stop with `NonFiniteLossError` at the first step
             whose loss (a `loss` or `*_loss` log) is NaN or infinite; no
             checkpoint is written for it.
+        mixed_precision: `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`:
+            switch the model's layers to this Keras dtype policy (variables
+            stay float32) and, for float16, wrap the optimizer in a
+            `keras.optimizers.LossScaleOptimizer`. None uses the model as built.
 
     Raises:
         TypeError: `model` is not a `keras.Model`, or an option has the wrong type.
@@ -106,6 +110,7 @@ class Trainer:
         summary_every_steps: int | None = None,
         profile_steps: tuple[int, int] | None = None,
         terminate_on_nan: bool = True,
+        mixed_precision: str | None = None,
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -130,9 +135,20 @@ class Trainer:
             terminate_on_nan=terminate_on_nan,
         )
         self.model_dir = self.run_options.model_dir
-        if optimizer is not None or loss is not None or metrics is not None:
-            with self.strategy.scope():
+        if self.model_dir is not None and distribute.num_workers(self.strategy) > 1:
+            raise ValueError(
+                f"Invalid combination of arguments. Received: model_dir={self.model_dir!r} with a "
+                f"{distribute.describe(self.strategy)} over {distribute.num_workers(self.strategy)} "
+                "workers. Checkpoints and TensorBoard files under several workers are not supported "
+                "yet. Expected model_dir=None; see docs/distribution.md for preemption on a cluster."
+            )
+        strategy_checks.check_model_in_scope(model, self.strategy)
+        self.mixed_precision = precision.check_policy(mixed_precision)
+        with self.strategy.scope():  # a LossScaleOptimizer creates variables
+            precision.apply_policy(model, self.mixed_precision)
+            if optimizer is not None or loss is not None or metrics is not None:
                 model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
+            precision.wrap_model_optimizer(model, self.mixed_precision)
         self.timing: timing.TimingReport | None = None
         self._train_loop: loops.StepLoop | None = None
         self._eval_loop: loops.StepLoop | None = None
@@ -205,6 +221,7 @@ class Trainer:
                 model._symbolic_build(data_batch=dataset.element_spec)
             elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
+        strategy_checks.check_model_in_scope(model, self.strategy)
 
     def _loop(self, kind: str) -> loops.StepLoop:
         if kind == "train":
@@ -284,6 +301,9 @@ class Trainer:
                 "validation_steps",
                 make_iterator=self._make_iterator(),
             )
+        strategy_checks.check_global_batch(dataset.element_spec, self.strategy, "train_data")
+        if val_plan is not None:
+            strategy_checks.check_global_batch(val_dataset.element_spec, self.strategy, "validation_data")
         self._build(dataset)
         train_loop = self._loop("train")
         timer = timing.StepTimer()
@@ -363,6 +383,7 @@ class Trainer:
         self._check_model_step("eval_step", "test_step")
         dataset = data_lib.as_dataset(data, argument="data", batch_size=batch_size)
         plan = data_lib.EpochPlan(dataset, steps, "data", "steps", make_iterator=self._make_iterator())
+        strategy_checks.check_global_batch(dataset.element_spec, self.strategy, "data")
         self._build(dataset)
         callback_list = keras.callbacks.CallbackList(callbacks, model=self.model, steps=plan.steps)
         return self._run_evaluation(plan, callback_list)

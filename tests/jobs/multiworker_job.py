@@ -1,0 +1,104 @@
+"""One worker of a two-process MultiWorkerMirroredStrategy job (run by test_trainer_multiworker.py).
+
+Usage: TF_CONFIG=... python multiworker_job.py OUTPUT_DIR
+
+Trains each configuration below under the strategy that `setup_strategy` picks
+from TF_CONFIG, then the same on one device in this process, and writes
+`OUTPUT_DIR/<config>.npz` (the worker's weights and the reference's) and
+`OUTPUT_DIR/logs.json` (each configuration's final logs).
+"""
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tftrain
+from tftrain import distribute
+
+BATCH = 16  # global batch: 8 examples per worker
+
+
+def make_dataset():
+    rng = np.random.RandomState(0)
+    x = rng.rand(64, 6).astype("float32")
+    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+class ClippedModel(tftrain.CustomModel):
+    """A CustomModel with its own piece of the step: clipped gradients."""
+
+    def compute_gradients(self, tape, loss):
+        return [tf.clip_by_norm(g, 0.5) for g in super().compute_gradients(tape, loss)]
+
+
+class HandWritten(tftrain.Trainer):
+    """The classic custom loop: a hand-written loss averaged over the global batch."""
+
+    def train_step(self, batch):
+        x, y = batch
+        with tf.GradientTape() as tape:
+            logits = self.model(x, training=True)
+            per_example = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply(grads, self.model.trainable_variables)
+        # Logs are averaged over the replicas: log this replica's mean loss.
+        return {"loss": tf.reduce_mean(per_example)}
+
+
+def build(config):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    cls = ClippedModel if config == "custom_model" else keras.Model
+    model = cls(inputs, keras.layers.Dense(3)(hidden))
+    model.compile(
+        keras.optimizers.SGD(0.1),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+CONFIGS = {
+    "keras_model": (tftrain.Trainer, {}),
+    "steps_per_loop": (tftrain.Trainer, {"steps_per_loop": 3}),
+    "custom_model": (tftrain.Trainer, {}),
+    "hand_written": (HandWritten, {}),
+}
+
+
+def train(config, strategy):
+    trainer_class, kwargs = CONFIGS[config]
+    with strategy.scope():
+        model = build(config)
+    history = trainer_class(model, strategy=strategy, **kwargs).fit(make_dataset(), epochs=2, verbose=0)
+    return model, {key: values[-1] for key, values in history.history.items()}
+
+
+def main():
+    output_dir = sys.argv[1]
+    strategy = distribute.setup_strategy()
+    assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy), strategy
+    assert distribute.num_workers(strategy) == 2
+    logs = {}
+    for config in CONFIGS:
+        model, logs[config] = train(config, strategy)
+        reference, logs[config + "_reference"] = train(config, tf.distribute.get_strategy())
+        np.savez(
+            os.path.join(output_dir, f"{config}.npz"),
+            worker=np.concatenate([w.ravel() for w in model.get_weights()]),
+            reference=np.concatenate([w.ravel() for w in reference.get_weights()]),
+            initial=np.concatenate([w.ravel() for w in build(config).get_weights()]),
+        )
+    with open(os.path.join(output_dir, "logs.json"), "w") as file:
+        json.dump(logs, file)
+
+
+if __name__ == "__main__":
+    main()

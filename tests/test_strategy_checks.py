@@ -1,0 +1,78 @@
+"""A model and its data must fit the strategy: clear errors before the first step."""
+
+import types
+
+import keras
+import pytest
+import tensorflow as tf
+from helpers import make_mlp
+
+import tftrain
+from tftrain import distribute, strategy_checks
+
+
+@pytest.fixture
+def one_device_mirrored():
+    return tf.distribute.MirroredStrategy(["/cpu:0"])
+
+
+def test_a_model_built_outside_the_scope_is_refused(one_device_mirrored):
+    model = make_mlp()
+    with pytest.raises(ValueError, match=r"variable `.*kernel` was not created in the scope.*strategy\.scope"):
+        tftrain.Trainer(model, strategy=one_device_mirrored)
+
+
+def test_an_optimizer_built_outside_the_scope_is_refused(one_device_mirrored):
+    with one_device_mirrored.scope():
+        model = make_mlp()
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)  # outside the scope
+    model.compile(optimizer, "mse")
+    with pytest.raises(ValueError, match="was not created in the scope"):
+        strategy_checks.check_model_in_scope(model, one_device_mirrored)
+
+
+def test_a_model_built_in_a_scope_needs_that_strategy(one_device_mirrored):
+    with one_device_mirrored.scope():
+        model = make_mlp()
+    with pytest.raises(ValueError, match="created under a distribution strategy, but the Trainer got none"):
+        tftrain.Trainer(model)
+    tftrain.Trainer(model, strategy=one_device_mirrored)  # the right strategy is accepted
+
+
+def test_a_model_in_scope_and_an_unbuilt_model_pass(one_device_mirrored):
+    with one_device_mirrored.scope():
+        model = make_mlp()
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        model.optimizer.build(model.trainable_variables)
+    strategy_checks.check_model_in_scope(model, one_device_mirrored)
+    strategy_checks.check_model_in_scope(keras.Sequential([keras.layers.Dense(2)]), one_device_mirrored)
+
+
+TWO_REPLICAS = types.SimpleNamespace(num_replicas_in_sync=2)
+
+
+def test_an_uneven_static_global_batch_is_refused():
+    dataset = tf.data.Dataset.from_tensor_slices(tf.zeros((30, 6))).batch(15, drop_remainder=True)
+    with pytest.raises(ValueError, match=r"`train_data`.*batches of 15 examples for 2 replicas.*e\.g\. 14"):
+        strategy_checks.check_global_batch(dataset.element_spec, TWO_REPLICAS, "train_data")
+
+
+def test_even_or_unknown_batch_sizes_pass():
+    even = tf.data.Dataset.from_tensor_slices(tf.zeros((32, 6))).batch(16, drop_remainder=True)
+    unknown = tf.data.Dataset.from_tensor_slices(tf.zeros((30, 6))).batch(15)  # a short last batch
+    for dataset in (even, unknown):
+        strategy_checks.check_global_batch(dataset.element_spec, TWO_REPLICAS, "train_data")
+    odd = tf.data.Dataset.from_tensor_slices(tf.zeros((30, 6))).batch(15, drop_remainder=True)
+    strategy_checks.check_global_batch(odd.element_spec, types.SimpleNamespace(num_replicas_in_sync=1), "x")
+
+
+def test_model_dir_under_several_workers_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(distribute, "num_workers", lambda strategy: 2)
+    with pytest.raises(ValueError, match="model_dir=.*over 2 workers.*not supported yet"):
+        tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path))
+
+
+def test_num_workers_of_local_strategies(one_device_mirrored):
+    assert distribute.num_workers(tf.distribute.get_strategy()) == 1
+    assert distribute.num_workers(one_device_mirrored) == 1

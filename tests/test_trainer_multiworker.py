@@ -1,0 +1,78 @@
+"""MultiWorkerMirroredStrategy for real: two processes on localhost ports train one job.
+
+Keras 3's own `model.fit` fails under this strategy (keras-team/keras#20585);
+the Trainer runs a Keras model, a k-step loop, a CustomModel's own step and a
+hand-written step there. Both workers must end with the same weights as one
+device on the same global batches, and log the global (not their own) metrics.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+JOB = os.path.join(os.path.dirname(__file__), "jobs", "multiworker_job.py")
+CONFIGS = ["keras_model", "steps_per_loop", "custom_model", "hand_written"]
+TIMEOUT_S = 240
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("localhost", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@pytest.fixture(scope="module")
+def worker_dirs(tmp_path_factory):
+    """Runs the two workers once; returns their output directories."""
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
+    dirs, processes = [], []
+    try:
+        for index in range(2):
+            output = tmp_path_factory.mktemp(f"worker{index}")
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, JOB, str(output)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=env,
+                )
+            )
+            dirs.append(output)
+        for index, process in enumerate(processes):
+            output, _ = process.communicate(timeout=TIMEOUT_S)
+            assert process.returncode == 0, f"worker {index} failed:\n{output[-4000:]}"
+    finally:
+        for process in processes:  # a failed or hung peer must not outlive the test
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    return dirs
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_both_workers_match_one_device(worker_dirs, config):
+    first, second = (np.load(os.path.join(d, f"{config}.npz")) for d in worker_dirs)
+    np.testing.assert_array_equal(first["worker"], second["worker"])  # replicas stay in sync
+    np.testing.assert_allclose(first["worker"], first["reference"], rtol=1e-5, atol=1e-6)
+    assert np.abs(first["worker"] - first["initial"]).max() > 1e-3  # it did train
+
+
+def test_workers_log_global_values(worker_dirs):
+    first, second = (json.load(open(os.path.join(d, "logs.json"))) for d in worker_dirs)
+    for config in CONFIGS:
+        assert first[config] == second[config], config
+        for key, value in first[config].items():
+            assert value == pytest.approx(first[config + "_reference"][key], rel=1e-5), (config, key)

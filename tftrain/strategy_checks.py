@@ -1,0 +1,88 @@
+"""Checks that a model and its data fit the strategy they are about to train under.
+
+Run before the first step, so a misplaced model or an uneven global batch is a
+clear error naming the fix, not a failure deep inside TensorFlow or a silently
+wrong average.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tftrain.distribute import describe
+
+
+def check_model_in_scope(model: Any, strategy: tf.distribute.Strategy) -> None:
+    """Raises if the model's variables do not belong to `strategy`.
+
+    Variables created outside the strategy's scope live on one device only;
+    a step on every replica would then update one copy (or fail deep inside
+    TensorFlow). And a model built in a strategy's scope cannot train under
+    another one.
+
+    Args:
+        model: A (built or unbuilt) `keras.Model`.
+        strategy: The strategy the model is about to train under.
+
+    Raises:
+        ValueError: naming the first variable that does not belong, and the fix.
+    """
+    default = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    for variable in _model_variables(model):
+        value = getattr(variable, "value", variable)
+        distributed = isinstance(value, tf.distribute.DistributedValues)
+        if default and distributed:
+            raise ValueError(
+                f"The model's variable `{variable.path}` was created under a distribution strategy, "
+                "but the Trainer got none. Expected `strategy=` the strategy whose scope built the "
+                "model: `tftrain.Trainer(model, ..., strategy=strategy)`."
+            )
+        if not default and not strategy.extended.variable_created_in_scope(value):
+            raise ValueError(
+                f"The model's variable `{variable.path}` was not created in the scope of the "
+                f"Trainer's {describe(strategy)}, so it would not be mirrored on the replicas. "
+                "Expected the model (and its optimizer, if built) created under "
+                "`with strategy.scope():`, e.g. `with strategy.scope(): model = make_model()`."
+            )
+
+
+def _model_variables(model: Any) -> list[Any]:
+    variables = list(model.variables) if model.built else []
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and getattr(optimizer, "built", False):
+        variables += list(optimizer.variables)
+    return variables
+
+
+def check_global_batch(element_spec: Any, strategy: tf.distribute.Strategy, argument: str) -> None:
+    """Raises if a dataset's static batch size cannot be split evenly over the replicas.
+
+    An uneven split gives replicas different batch sizes, so losses averaged
+    per replica no longer average the global batch (and TPUs need equal shapes).
+    A batch size unknown until run time (a possibly short last batch) is not checked.
+
+    Args:
+        element_spec: The batched dataset's `element_spec`.
+        strategy: The strategy the data is distributed over.
+        argument: The argument's name, for the error.
+
+    Raises:
+        ValueError: naming the batch size, the replicas and the fix.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if replicas <= 1:
+        return
+    for spec in tf.nest.flatten(element_spec):
+        shape = getattr(spec, "shape", None)
+        if shape is None or shape.rank in (None, 0) or shape[0] is None:
+            continue
+        if shape[0] % replicas:
+            raise ValueError(
+                f"Invalid batch size in `{argument}`. Received: global batches of {shape[0]} examples "
+                f"for {replicas} replicas. Expected a global batch size divisible by {replicas}, so each "
+                f"replica gets the same number of examples: batch by a multiple of {replicas} "
+                f"(e.g. {shape[0] - shape[0] % replicas or replicas})."
+            )
+        return
