@@ -483,3 +483,16 @@ def test_uncheckpointable_iterator_warns_and_resume_skips_seen_batches(tmp_path,
         resumed, probe = fit(tmp_path, generator_dataset, 2, checkpoint_every_steps=2)
     assert probe.start_step == 6  # then skips the 1 batch of the pass it had trained on
     assert_same_run(resumed, reference, epochs_run=1)
+
+
+def test_uncheckpointable_iterator_resumes_after_an_epoch_end_at_the_next_pass(tmp_path, uninterrupted):
+    reference = uninterrupted(generator_dataset, 2)
+    # The only checkpoint before the crash is epoch 1's end (step 5): the next epoch is a fresh pass.
+    with pytest.warns(UserWarning, match="cannot be checkpointed"):
+        with pytest.raises(Crash):
+            fit(tmp_path, generator_dataset, 2, stop_at=6)
+    with pytest.warns(UserWarning, match="cannot be checkpointed"):
+        resumed, probe = fit(tmp_path, generator_dataset, 2)
+    assert probe.start_step == 5
+    assert int(resumed.optimizer.iterations) == 10  # epoch 2 trained all 5 of its batches
+    assert_same_run(resumed, reference, epochs_run=1)

@@ -67,12 +67,36 @@ def test_even_or_unknown_batch_sizes_pass():
     strategy_checks.check_global_batch(odd.element_spec, types.SimpleNamespace(num_replicas_in_sync=1), "x")
 
 
-def test_model_dir_under_several_workers_is_refused(monkeypatch, tmp_path):
-    monkeypatch.setattr(distribute, "num_workers", lambda strategy: 2)
-    with pytest.raises(ValueError, match="model_dir=.*over 2 workers.*not supported yet"):
-        tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path))
-
-
 def test_num_workers_of_local_strategies(one_device_mirrored):
     assert distribute.num_workers(tf.distribute.get_strategy()) == 1
     assert distribute.num_workers(one_device_mirrored) == 1
+
+
+class FakeResolver:
+    def __init__(self, cluster, task_type, task_id):
+        self.task_type, self.task_id = task_type, task_id
+        self._spec = tf.train.ClusterSpec(cluster)
+
+    def cluster_spec(self):
+        return self._spec
+
+
+@pytest.mark.parametrize(
+    "cluster, task, expected",
+    [
+        ({"worker": ["a:1", "b:1"]}, ("worker", 0), (True, "worker-0")),
+        ({"worker": ["a:1", "b:1"]}, ("worker", 1), (False, "worker-1")),
+        ({"chief": ["c:1"], "worker": ["a:1"]}, ("chief", 0), (True, "chief-0")),
+        ({"chief": ["c:1"], "worker": ["a:1"]}, ("worker", 0), (False, "worker-0")),
+        ({"worker": ["a:1"]}, ("worker", 0), (True, "chief")),
+    ],
+)
+def test_worker_role(cluster, task, expected):
+    strategy = types.SimpleNamespace(cluster_resolver=FakeResolver(cluster, *task))
+    assert distribute.worker_role(strategy) == expected
+    assert distribute.num_workers(strategy) == len(cluster.get("chief", [])) + len(cluster["worker"])
+
+
+def test_worker_role_of_one_process(one_device_mirrored):
+    assert distribute.worker_role(tf.distribute.get_strategy()) == (True, "chief")
+    assert distribute.worker_role(one_device_mirrored) == (True, "chief")

@@ -31,11 +31,10 @@ def free_ports(count):
             sock.close()
 
 
-@pytest.fixture(scope="module")
-def worker_dirs(tmp_path_factory):
-    """Runs the two workers once; returns their output directories."""
+def run_workers(tmp_path_factory, *args, expect_returncode=0):
+    """Runs the job on two workers (free localhost ports); returns their output dirs and outputs."""
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
-    dirs, processes = [], []
+    dirs, processes, outputs = [], [], []
     try:
         for index in range(2):
             output = tmp_path_factory.mktemp(f"worker{index}")
@@ -43,7 +42,7 @@ def worker_dirs(tmp_path_factory):
             env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, JOB, str(output)],
+                    [sys.executable, JOB, str(output), *map(str, args)],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,
@@ -53,13 +52,20 @@ def worker_dirs(tmp_path_factory):
             dirs.append(output)
         for index, process in enumerate(processes):
             output, _ = process.communicate(timeout=TIMEOUT_S)
-            assert process.returncode == 0, f"worker {index} failed:\n{output[-4000:]}"
+            outputs.append(output)
+            assert process.returncode == expect_returncode, f"worker {index}:\n{output[-4000:]}"
     finally:
         for process in processes:  # a failed or hung peer must not outlive the test
             if process.poll() is None:
                 process.kill()
                 process.communicate()
-    return dirs
+    return dirs, outputs
+
+
+@pytest.fixture(scope="module")
+def worker_dirs(tmp_path_factory):
+    """Runs the two workers once; returns their output directories."""
+    return run_workers(tmp_path_factory)[0]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -76,3 +82,23 @@ def test_workers_log_global_values(worker_dirs):
         assert first[config] == second[config], config
         for key, value in first[config].items():
             assert value == pytest.approx(first[config + "_reference"][key], rel=1e-5), (config, key)
+
+
+def test_a_killed_multiworker_job_resumes_from_the_chiefs_checkpoint(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("model_dir")
+    # Checkpoints at steps 3, 4 (epoch end) and 6; both workers die after step 7.
+    run_workers(tmp_path_factory, model_dir, 7, expect_returncode=3)
+    checkpoints = sorted(os.listdir(model_dir / "checkpoints"))
+    assert "ckpt-3.index" in checkpoints  # written by the chief only
+    assert os.listdir(model_dir / "train")  # the chief's event files
+    assert not (model_dir / "workers" / "worker-0").exists()
+
+    dirs, outputs = run_workers(tmp_path_factory, model_dir)
+    for output in outputs:
+        assert f"resumed from {model_dir}/checkpoints/ckpt-3 at step 6 (epoch 2, step 2" in output
+    first, second = (np.load(os.path.join(d, "resumed.npz")) for d in dirs)
+    np.testing.assert_array_equal(first["worker"], second["worker"])
+    np.testing.assert_allclose(first["worker"], first["reference"], rtol=1e-5, atol=1e-6)
+    assert int(first["steps"]) == int(second["steps"]) == 8
+    assert not (model_dir / "workers").exists() or not os.listdir(model_dir / "workers")
+    assert "ckpt-4.index" in os.listdir(model_dir / "checkpoints")  # the chief saved the rest

@@ -152,6 +152,10 @@ class Checkpointer:
             state that appears late (a model built in its first step, with
             its Dropout seeds and metrics) is saved too.
         max_to_keep: Checkpoints kept; older ones are deleted.
+        restore_directory: Where `restore_latest` reads from, if not
+            `directory`; read-only (nothing there is cleaned or renamed).
+            A non-chief worker of a multi-worker run restores the chief's
+            checkpoints and saves its own copies to a scratch directory.
 
     Raises:
         ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
@@ -163,6 +167,7 @@ class Checkpointer:
         state: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
         *,
         max_to_keep: int = 5,
+        restore_directory: str | None = None,
     ):
         if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
             raise ValueError(
@@ -171,6 +176,7 @@ class Checkpointer:
             )
         self.directory = ensure_writable_directory(directory, "model_dir")
         self.max_to_keep = max_to_keep
+        self.restore_directory = restore_directory or self.directory
         with tf.init_scope():
             self._progress = {
                 field.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=field.name)
@@ -204,30 +210,37 @@ class Checkpointer:
 
     @property
     def latest(self) -> str | None:
-        """The newest recorded checkpoint, or None."""
+        """The newest recorded checkpoint (in `restore_directory`), or None."""
+        if self.restore_directory != self.directory:
+            return tf.train.latest_checkpoint(self.restore_directory)
         return self.manager.latest_checkpoint
 
-    def _recorded(self) -> list[str] | None:
+    @property
+    def _read_only(self) -> bool:
+        return self.restore_directory != self.directory
+
+    def _recorded(self, directory: str | None = None) -> list[str] | None:
         """Recorded checkpoints (oldest first); None if the state file cannot be parsed."""
+        directory = directory or self.directory
         try:
-            state = tf.train.get_checkpoint_state(self.directory)
+            state = tf.train.get_checkpoint_state(directory)
         except Exception as error:  # a damaged state file: a protobuf parse error
             warnings.warn(
-                f"The checkpoint state file in {self.directory} cannot be read ({error}); looking for "
+                f"The checkpoint state file in {directory} cannot be read ({error}); looking for "
                 "checkpoint files directly.",
                 stacklevel=3,
             )
             return None
         return list(state.all_model_checkpoint_paths) if state else []
 
-    def _found_on_disk(self) -> list[str]:
+    def _found_on_disk(self, directory: str) -> list[str]:
+        if not tf.io.gfile.isdir(directory):
+            return []
         pattern = re.compile(rf"^{CHECKPOINT_NAME}-(\d+)\.index$")
         numbers = sorted(
-            int(match.group(1))
-            for name in tf.io.gfile.listdir(self.directory)
-            if (match := pattern.match(name))
+            int(match.group(1)) for name in tf.io.gfile.listdir(directory) if (match := pattern.match(name))
         )
-        return [tf.io.gfile.join(self.directory, f"{CHECKPOINT_NAME}-{n}") for n in numbers]
+        return [tf.io.gfile.join(directory, f"{CHECKPOINT_NAME}-{n}") for n in numbers]
 
     def clean_leftovers(self) -> list[str]:
         """Removes what an interrupted save left behind; returns the removed paths.
@@ -283,9 +296,10 @@ class Checkpointer:
                 (nothing is restored).
             CorruptCheckpointError: checkpoints exist but none can be read.
         """
-        self.clean_leftovers()
-        recorded = self._recorded()
-        candidates = self._found_on_disk() if recorded is None else recorded
+        if not self._read_only:
+            self.clean_leftovers()
+        recorded = self._recorded(self.restore_directory)
+        candidates = self._found_on_disk(self.restore_directory) if recorded is None else recorded
         failures = []
         for path in reversed(candidates):
             try:
@@ -302,13 +316,13 @@ class Checkpointer:
                     stacklevel=2,
                 )
                 continue
-            if failures:
+            if failures and not self._read_only:
                 self._drop_newer(path, [failed for failed, _ in failures])
             return progress
         if failures:
             listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in failures)
             raise CorruptCheckpointError(
-                f"Every checkpoint in {self.directory} is damaged, so training cannot resume:\n{listed}\n"
+                f"Every checkpoint in {self.restore_directory} is damaged, so training cannot resume:\n{listed}\n"
                 "Expected at least one readable checkpoint. Move the directory away (or pass another "
                 "`model_dir`) to train from scratch."
             )

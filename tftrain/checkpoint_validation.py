@@ -6,6 +6,8 @@ mismatch found half-way leaves a model partly restored. These checks run first.
 
 from __future__ import annotations
 
+import os
+import uuid
 from typing import Any
 
 import keras
@@ -171,7 +173,8 @@ def ensure_writable_directory(path: Any, argument: str) -> str:
         )
     try:
         tf.io.gfile.makedirs(path)
-        probe = tf.io.gfile.join(path, ".tftrain_write_test")
+        # A name of this process's own: the workers of a multi-worker run check the same directory.
+        probe = tf.io.gfile.join(path, f".tftrain_write_test.{os.getpid()}.{uuid.uuid4().hex[:8]}")
         with tf.io.gfile.GFile(probe, "w") as handle:
             handle.write("ok")
         tf.io.gfile.remove(probe)

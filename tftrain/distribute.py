@@ -334,3 +334,22 @@ def num_workers(strategy: tf.distribute.Strategy) -> int:
     if resolver is None:
         return 1
     return max(1, _num_workers(resolver.cluster_spec().as_dict()))
+
+
+def worker_role(strategy: tf.distribute.Strategy) -> tuple[bool, str]:
+    """Whether this process is the chief of `strategy`'s workers, and its task name.
+
+    The chief (the `chief` task, else worker 0) writes a run's checkpoints and
+    TensorBoard files; the others take part in saves (they hold replicas of
+    the variables) but write to a scratch directory. One process: the chief.
+
+    Returns:
+        `(is_chief, name)`, e.g. `(False, "worker-1")` or `(True, "worker-0")`.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or num_workers(strategy) <= 1:
+        return True, "chief"
+    task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    cluster = resolver.cluster_spec().as_dict()
+    is_chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and "chief" not in cluster)
+    return is_chief, f"{task_type}-{task_id}"

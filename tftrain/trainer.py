@@ -135,13 +135,6 @@ class Trainer:
             terminate_on_nan=terminate_on_nan,
         )
         self.model_dir = self.run_options.model_dir
-        if self.model_dir is not None and distribute.num_workers(self.strategy) > 1:
-            raise ValueError(
-                f"Invalid combination of arguments. Received: model_dir={self.model_dir!r} with a "
-                f"{distribute.describe(self.strategy)} over {distribute.num_workers(self.strategy)} "
-                "workers. Checkpoints and TensorBoard files under several workers are not supported "
-                "yet. Expected model_dir=None; see docs/distribution.md for preemption on a cluster."
-            )
         strategy_checks.check_model_in_scope(model, self.strategy)
         self.mixed_precision = precision.check_policy(mixed_precision)
         with self.strategy.scope():  # a LossScaleOptimizer creates variables
@@ -316,6 +309,7 @@ class Trainer:
             timer=timer if self.measure_timing else None,
             trace_counter=train_loop.trace_counter,
             verbose=verbose,
+            worker=distribute.worker_role(self.strategy),
         )
         callback_list = keras.callbacks.CallbackList(
             callbacks,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import data as data_lib
@@ -87,6 +88,7 @@ def start_run(
     timer: timing.StepTimer | None,
     trace_counter: timing.TraceCounter,
     verbose: int = 1,
+    worker: tuple[bool, str] = (True, "chief"),
 ) -> TrainingRun:
     """Sets up one `fit`: checkpoints, summaries, profiler; restores the latest checkpoint.
 
@@ -99,6 +101,11 @@ def start_run(
         timer: The step timer (restored from the checkpoint), or None.
         trace_counter: The training step's trace counter.
         verbose: Print where a resumed run starts (it is logged either way).
+        worker: `(is_chief, name)` of this process in a multi-worker run
+            (`tftrain.distribute.worker_role`). Only the chief writes to
+            `model_dir`; another worker restores the chief's checkpoints and
+            saves its own copies (every worker must take part in a save) to
+            `model_dir/workers/<name>`, removed when the run ends.
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -113,11 +120,17 @@ def start_run(
     progress = checkpoint_lib.Progress()
     checkpointer = writer = profile = None
     restored_traces = 0
+    chief, worker_name = worker
+    scratch_dir = None
     if options.model_dir is not None:
+        checkpoints = f"{options.model_dir}/checkpoints"
+        if not chief:
+            scratch_dir = f"{options.model_dir}/workers/{worker_name}"
         checkpointer = checkpoint_lib.Checkpointer(
-            f"{options.model_dir}/checkpoints",
+            checkpoints if chief else f"{scratch_dir}/checkpoints",
             lambda: checkpoint_lib.training_state(model, extra_state()),
-            max_to_keep=options.max_to_keep,
+            max_to_keep=options.max_to_keep if chief else 1,
+            restore_directory=None if chief else checkpoints,
         )
         if checkpointer.latest is not None and not model.built:
             raise ValueError(
@@ -138,9 +151,10 @@ def start_run(
                 f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch).",
                 verbose,
             )
-        writer = summaries.TrainingSummaries(options.model_dir, every_steps=options.summary_every_steps)
-        if window is not None:
-            profile = summaries.ProfileWindow(f"{options.model_dir}/train", window)
+        if chief:
+            writer = summaries.TrainingSummaries(options.model_dir, every_steps=options.summary_every_steps)
+            if window is not None:
+                profile = summaries.ProfileWindow(f"{options.model_dir}/train", window)
     run = TrainingRun(
         plan,
         progress,
@@ -153,6 +167,7 @@ def start_run(
         optimizer=getattr(model, "optimizer", None),
         terminate_on_nan=options.terminate_on_nan,
     )
+    run.scratch_dir = scratch_dir
     run.traces_before = trace_counter.count - restored_traces
     if progress.global_step > 0:
         # The restored first call was the job's trace; this process's is not its first step.
@@ -198,6 +213,7 @@ class TrainingRun:
     ):
         self.plan = plan
         self.progress = progress
+        self.scratch_dir: str | None = None  # a non-chief worker's own checkpoints
         self.timer = timer
         self._trace_count = trace_count
         self.checkpointer = checkpointer
@@ -301,6 +317,8 @@ class TrainingRun:
         """Writes a checkpoint of the current state (once per global step)."""
         if self._saved_at_step == self.progress.global_step and self.progress.step_in_epoch != 0:
             return None
+        # The iterator first: at an epoch end it starts the next pass, which has read no batch yet.
+        iterator = self.plan.next_iterator()
         self.progress.batches_in_pass = self.plan.batches_in_pass(self.progress.step_in_epoch)
         timing_state = None
         if self.timer is not None:
@@ -308,16 +326,18 @@ class TrainingRun:
                 "timer": self.timer.state_dict(),
                 "trace_count": self.trace_count(),
             }
-        path = self.checkpointer.save(self.progress, self.plan.next_iterator(), timing_state)
+        path = self.checkpointer.save(self.progress, iterator, timing_state)
         self._saved_at_step = self.progress.global_step
         return path
 
     def close(self) -> None:
-        """Stops the profiler and flushes the summaries (also after an error)."""
+        """Stops the profiler, flushes the summaries and removes a worker's scratch checkpoints."""
         if self.profile is not None:
             self.profile.close()
         if self.summaries is not None:
             self.summaries.close()
+        if self.scratch_dir is not None and tf.io.gfile.exists(self.scratch_dir):
+            tf.io.gfile.rmtree(self.scratch_dir)
 
 
 def run_pass(

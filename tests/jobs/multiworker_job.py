@@ -1,11 +1,17 @@
 """One worker of a two-process MultiWorkerMirroredStrategy job (run by test_trainer_multiworker.py).
 
-Usage: TF_CONFIG=... python multiworker_job.py OUTPUT_DIR
+Usage:
+    TF_CONFIG=... python multiworker_job.py OUTPUT_DIR
+    TF_CONFIG=... python multiworker_job.py OUTPUT_DIR MODEL_DIR [KILL_AT_STEP]
 
-Trains each configuration below under the strategy that `setup_strategy` picks
-from TF_CONFIG, then the same on one device in this process, and writes
-`OUTPUT_DIR/<config>.npz` (the worker's weights and the reference's) and
-`OUTPUT_DIR/logs.json` (each configuration's final logs).
+The first form trains each configuration below under the strategy that
+`setup_strategy` picks from TF_CONFIG, then the same on one device in this
+process, and writes `OUTPUT_DIR/<config>.npz` (the worker's weights and the
+reference's) and `OUTPUT_DIR/logs.json` (each configuration's final logs).
+
+The second form trains the "keras_model" configuration with checkpoints in
+MODEL_DIR every 3 steps; with KILL_AT_STEP the process dies (`os._exit`, no
+cleanup) right after that step, else it writes `OUTPUT_DIR/resumed.npz`.
 """
 
 import json
@@ -81,11 +87,39 @@ def train(config, strategy):
     return model, {key: values[-1] for key, values in history.history.items()}
 
 
+class KillAt(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            os._exit(3)
+
+
+def train_with_model_dir(output_dir, model_dir, kill_at, strategy):
+    with strategy.scope():
+        model = build("keras_model")
+    trainer = tftrain.Trainer(model, strategy=strategy, model_dir=model_dir, checkpoint_every_steps=3)
+    callbacks = [KillAt(int(kill_at))] if kill_at else []
+    trainer.fit(make_dataset(), epochs=2, verbose=1, callbacks=callbacks)
+    reference, _ = train("keras_model", tf.distribute.get_strategy())
+    np.savez(
+        os.path.join(output_dir, "resumed.npz"),
+        worker=np.concatenate([w.ravel() for w in model.get_weights()]),
+        reference=np.concatenate([w.ravel() for w in reference.get_weights()]),
+        steps=int(model.optimizer.iterations.numpy()),
+    )
+
+
 def main():
     output_dir = sys.argv[1]
     strategy = distribute.setup_strategy()
     assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy), strategy
     assert distribute.num_workers(strategy) == 2
+    if len(sys.argv) > 2:
+        train_with_model_dir(output_dir, sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None, strategy)
+        return
     logs = {}
     for config in CONFIGS:
         model, logs[config] = train(config, strategy)
