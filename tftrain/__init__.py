@@ -24,6 +24,7 @@ _SUBMODULES = {
     "loops",
     "model",
     "precision",
+    "shapes",
     "summaries",
     "timing",
     "trainer",
