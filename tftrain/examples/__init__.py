@@ -1,0 +1,1 @@
+"""Example programs built on tftrain; run one with `python -m tftrain.examples.<name>`."""
