@@ -1,0 +1,38 @@
+"""SimCLR's input pipelines: two different views per image, one view for finetuning, plain eval images."""
+
+import keras
+import numpy as np
+import pytest
+
+from tftrain.examples.simclr import pipeline
+
+
+def first_batch(**kwargs):
+    args = dict(batch_size=8, image_size=16, num_examples=20)
+    dataset = pipeline.build_dataset("shapes", "train", **{**args, **kwargs})
+    features, labels = next(iter(dataset))
+    return dataset, features.numpy(), labels.numpy()
+
+
+def test_pretraining_gives_two_different_views_even_under_a_global_seed():
+    keras.utils.set_random_seed(0)
+    dataset, features, labels = first_batch(is_training=True, color_jitter_strength=1.0)
+    assert features.shape == (8, 16, 16, 6) and features.dtype == np.float32
+    assert labels.shape == (8,)
+    assert 0.0 <= features.min() and features.max() <= 1.0
+    assert not any(np.allclose(view[..., :3], view[..., 3:]) for view in features)
+    assert len(list(dataset)) == 2  # 20 examples: partial batches dropped in training
+
+
+def test_finetuning_gives_one_view():
+    _, features, _ = first_batch(is_training=True, train_mode="finetune")
+    assert features.shape == (8, 16, 16, 3)
+
+
+@pytest.mark.parametrize("name", ["shapes"])
+def test_eval_images_are_deterministic_and_keep_the_last_batch(name):
+    dataset, first, _ = first_batch(is_training=False)
+    _, again, _ = first_batch(is_training=False)
+    np.testing.assert_array_equal(first, again)
+    assert first.shape == (8, 16, 16, 3)
+    assert sum(len(labels) for _, labels in dataset) == 20

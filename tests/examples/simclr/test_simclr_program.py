@@ -1,0 +1,123 @@
+"""The SimCLR program end to end, with tiny settings: both loops, result.json, bad flags, kill-and-resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tftrain.examples.simclr import experiment
+
+TINY = dict(
+    dataset="shapes",
+    image_size=16,
+    num_train_examples=64,
+    num_eval_examples=32,
+    train_batch_size=16,
+    eval_batch_size=16,
+    width_multiplier=0.0625,
+    proj_out_dim=16,
+    verbose=0,
+)
+
+
+@pytest.mark.parametrize("loop", ["trainer", "fit"])
+def test_a_tiny_run_writes_result_json(loop, tmp_path):
+    config = experiment.Config(**TINY, loop=loop, train_steps=4, model_dir=str(tmp_path))
+    results = experiment.run(config)
+    with open(tmp_path / "result.json") as file:
+        written = json.load(file)
+    assert written["global_step"] == results["global_step"] == 4
+    for key in ("label_top_1_accuracy", "label_top_5_accuracy", "linear_eval_top_1", "random_encoder_linear_eval_top_1"):
+        assert 0.0 <= written[key] <= 1.0, key
+    assert written["config"]["loop"] == loop and written["config"]["train_steps"] == 4
+    assert written["train_logs"]["contrast_loss"] > 0
+    assert os.listdir(tmp_path / "checkpoints") and os.listdir(tmp_path / "train")
+
+
+def test_eval_mode_restores_the_trained_encoder(tmp_path):
+    trained = experiment.run(experiment.Config(**TINY, train_steps=2, model_dir=str(tmp_path), linear_eval=False))
+    evaluated = experiment.run(experiment.Config(**TINY, mode="eval", model_dir=str(tmp_path), linear_eval=False))
+    assert evaluated["restored"].startswith(str(tmp_path / "checkpoints" / "ckpt-"))
+    assert evaluated["global_step"] == trained["global_step"] == 2
+    assert evaluated["label_top_1_accuracy"] == pytest.approx(trained["label_top_1_accuracy"])
+
+
+def test_finetune_mode_trains_the_probe_end_to_end():
+    results = experiment.run(experiment.Config(**TINY, train_mode="finetune", train_steps=3, linear_eval=False))
+    assert results["global_step"] == 3
+    assert "contrast_loss" not in results["train_logs"] or results["train_logs"]["contrast_loss"] == 0
+    assert results["train_logs"]["probe_loss"] > 0
+
+
+def test_train_steps_win_over_epochs():
+    config = experiment.Config(**TINY, train_steps=6, train_epochs=50)
+    assert experiment._steps_plan(config, 64) == (3, 2, 6)  # 4 steps per pass: 3 divides 6
+    assert experiment._steps_plan(experiment.Config(**TINY, train_epochs=2), 64) == (4, 2, 8)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(dataset="imagenet"), "Known datasets: shapes, synthetic, cifar10"),
+        (dict(use_gpu=True, use_tpu=True), "--use_gpu and --use_tpu contradict"),
+        (dict(image_size=8), "--image_size=8 is too small"),
+        (dict(mode="eval"), "--mode=eval needs --model_dir"),
+        (dict(train_batch_size=0), "--train_batch_size=0"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_data(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        experiment.Config(**{**TINY, **overrides})
+
+
+def run_program(*flags, timeout=240):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run(
+        [sys.executable, "-m", "tftrain.examples.simclr", *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def tiny_flags(**extra):
+    values = {**TINY, **extra}
+    return [f"--{key}={value}" for key, value in values.items()]
+
+
+def test_main_reports_bad_flags_clearly():
+    completed = run_program("--dataset=nope")
+    assert completed.returncode != 0
+    assert "Known datasets: shapes" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    uneven = run_program(*tiny_flags(num_cpu_devices=2, train_batch_size=15, train_steps=1))
+    assert uneven.returncode != 0
+    assert "--train_batch_size=15 does not split over 2 replicas" in uneven.stderr
+
+
+def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
+    flags = tiny_flags(train_steps=60, checkpoint_every_steps=5, model_dir=tmp_path, linear_eval=False)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.Popen([sys.executable, "-m", "tftrain.examples.simclr", *flags], env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "checkpoints" / "ckpt-2.index").exists():
+            assert process.poll() is None, "the run ended before its second checkpoint"
+            assert time.monotonic() < deadline, "no second checkpoint in time"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert not (tmp_path / "result.json").exists()
+    completed = run_program(*flags)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "tftrain: resumed from" in completed.stdout + completed.stderr  # logged at verbose=0
+    with open(tmp_path / "result.json") as file:
+        assert json.load(file)["global_step"] == 60

@@ -1,0 +1,1 @@
+"""SimCLR (Chen et al., 2020) self-supervised pretraining, written on tftrain."""

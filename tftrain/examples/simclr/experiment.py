@@ -1,0 +1,337 @@
+"""One SimCLR experiment from a plain configuration: strategy, data, model, training, evaluation.
+
+`run(Config(...))` is what `python -m tftrain.examples.simclr` does after
+parsing its flags; it returns (and writes to `model_dir/result.json`) the
+results: the global step, the probe's top-1/top-5 accuracy on the eval split,
+linear-evaluation accuracies of the trained and of a random encoder, timings,
+and the configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+import tftrain
+from tftrain import data as data_lib
+from tftrain import distribute
+from tftrain.examples.simclr import lars, pipeline, probe, schedule
+from tftrain.examples.simclr import model as model_lib
+
+KNOWN_DATASETS = (
+    "shapes",
+    "synthetic",
+    "cifar10",
+    "cifar100",
+    "stl10",
+    "fashion_mnist",
+    "mnist",
+    "imagenet2012",
+)
+MIN_IMAGE_SIZE = 16  # the random crop and the ResNet's strides need room
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """An experiment's settings; see `main.py`'s flags for each one's meaning."""
+
+    mode: str = "train_then_eval"
+    train_mode: str = "pretrain"
+    loop: str = "trainer"
+    dataset: str = "shapes"
+    data_dir: str | None = None
+    train_split: str = "train"
+    eval_split: str = "test"
+    num_train_examples: int | None = None
+    num_eval_examples: int | None = None
+    image_size: int = 32
+    train_batch_size: int = 256
+    eval_batch_size: int = 256
+    train_epochs: int = 12
+    train_steps: int | None = None
+    warmup_epochs: float = 1
+    learning_rate: float = 1.0
+    learning_rate_scaling: str = "linear"
+    optimizer: str = "lars"
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    temperature: float = 0.5
+    hidden_norm: bool = True
+    color_jitter_strength: float = 0.5
+    use_blur: bool = False
+    resnet_depth: int = 18
+    width_multiplier: float = 0.25
+    cifar_stem: bool | None = None
+    proj_head_mode: str = "nonlinear"
+    proj_out_dim: int = 128
+    num_proj_layers: int = 2
+    ft_proj_selector: int = 0
+    lineareval_while_pretraining: bool = True
+    linear_eval: bool = True
+    global_bn: bool = False
+    model_dir: str | None = None
+    checkpoint_every_steps: int | None = None
+    use_gpu: bool = False
+    use_tpu: bool = False
+    tpu_name: str | None = None
+    num_cpu_devices: int | None = None
+    mixed_precision: str | None = None
+    use_tf_function: bool = True
+    steps_per_loop: int = 1
+    seed: int = 0
+    verbose: int = 1
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [field.name for field in dataclasses.fields(cls)]
+
+    def __post_init__(self):
+        if self.use_gpu and self.use_tpu:
+            raise ValueError("--use_gpu and --use_tpu contradict each other: pass one of them.")
+        if self.num_cpu_devices is not None and (self.use_gpu or self.use_tpu):
+            raise ValueError(
+                "--num_cpu_devices splits the CPU; it cannot be combined with --use_gpu or --use_tpu."
+            )
+        if self.dataset not in KNOWN_DATASETS:
+            raise ValueError(
+                f"Unknown --dataset={self.dataset!r}. Known datasets: {', '.join(KNOWN_DATASETS)} "
+                "(shapes and synthetic are generated offline)."
+            )
+        if self.image_size < MIN_IMAGE_SIZE:
+            raise ValueError(
+                f"--image_size={self.image_size} is too small for SimCLR's random crop and the ResNet. "
+                f"Expected at least {MIN_IMAGE_SIZE}."
+            )
+        for name in ("train_batch_size", "eval_batch_size", "train_epochs", "steps_per_loop", "proj_out_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name}={getattr(self, name)}: expected an integer >= 1.")
+        if self.train_steps is not None and self.train_steps < 1:
+            raise ValueError(f"--train_steps={self.train_steps}: expected an integer >= 1, or unset.")
+        if self.width_multiplier <= 0:
+            raise ValueError(f"--width_multiplier={self.width_multiplier}: expected a number > 0.")
+        if self.temperature <= 0:
+            raise ValueError(f"--temperature={self.temperature}: expected a number > 0.")
+        if self.mode != "train" and self.train_mode == "pretrain" and not self.lineareval_while_pretraining:
+            if not self.linear_eval:
+                raise ValueError(
+                    "--mode evaluates, but --train_mode=pretrain with --nolineareval_while_pretraining "
+                    "and --nolinear_eval leaves nothing to evaluate. Turn one of them on."
+                )
+        if self.mode == "eval" and self.model_dir is None:
+            raise ValueError("--mode=eval needs --model_dir holding a trained run's checkpoints.")
+
+
+def _steps_plan(config: Config, num_train_examples: int) -> tuple[int, int, int]:
+    """(steps_per_epoch, epochs, total_steps) for the run.
+
+    With `train_steps`, epochs are made of the largest number of steps that
+    divides `train_steps` and fits in one pass, so training stops exactly there.
+    """
+    steps_per_pass = num_train_examples // config.train_batch_size
+    if steps_per_pass < 1:
+        raise ValueError(
+            f"--train_batch_size={config.train_batch_size} is larger than the {num_train_examples} training "
+            "examples. Expected a smaller batch or more examples."
+        )
+    if config.train_steps is None:
+        return steps_per_pass, config.train_epochs, steps_per_pass * config.train_epochs
+    steps_per_epoch = max(
+        d for d in range(1, min(steps_per_pass, config.train_steps) + 1) if config.train_steps % d == 0
+    )
+    return steps_per_epoch, config.train_steps // steps_per_epoch, config.train_steps
+
+
+def _optimizer(config: Config, learning_rate: Any) -> keras.optimizers.Optimizer:
+    if config.optimizer == "lars":
+        return lars.LARS(
+            learning_rate,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            exclude_from_weight_decay=model_lib.LARS_EXCLUDE,
+        )
+    if config.optimizer == "momentum":
+        return keras.optimizers.SGD(learning_rate, momentum=config.momentum, nesterov=True)
+    return keras.optimizers.Adam(learning_rate)
+
+
+def build_model(config: Config, num_classes: int) -> model_lib.SimCLRModel:
+    """The SimCLR model, built (all variables created) for `config.image_size`."""
+    cifar_stem = config.image_size <= 64 if config.cifar_stem is None else config.cifar_stem
+    model = model_lib.SimCLRModel(
+        num_classes,
+        resnet_depth=config.resnet_depth,
+        width_multiplier=config.width_multiplier,
+        cifar_stem=cifar_stem,
+        proj_head_mode=config.proj_head_mode,
+        proj_out_dim=config.proj_out_dim,
+        num_proj_layers=config.num_proj_layers,
+        ft_proj_selector=config.ft_proj_selector,
+        train_mode=config.train_mode,
+        lineareval_while_pretraining=config.lineareval_while_pretraining,
+        temperature=config.temperature,
+        hidden_norm=config.hidden_norm,
+        weight_decay=config.weight_decay,
+        lars_handles_decay=config.optimizer == "lars",
+        sync_batch_norm=config.global_bn,
+    )
+    model.build_for(config.image_size)
+    return model
+
+
+def _restore_for_eval(model: keras.Model, model_dir: str) -> str:
+    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    if latest is None:
+        raise ValueError(
+            f"--mode=eval found no checkpoint in {model_dir}/checkpoints. Train first (--mode=train)."
+        )
+    root = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    root.read(latest).expect_partial().assert_existing_objects_matched()
+    return latest
+
+
+def run(config: Config) -> dict[str, Any]:
+    """Runs the experiment; returns its results (also written to `model_dir/result.json`)."""
+    strategy = distribute.setup_strategy(
+        use_gpu=config.use_gpu,
+        use_tpu=config.use_tpu,
+        tpu=config.tpu_name,
+        num_cpu_devices=config.num_cpu_devices,
+    )
+    replicas = strategy.num_replicas_in_sync
+    for name in ("train_batch_size", "eval_batch_size"):
+        if getattr(config, name) % replicas:
+            raise ValueError(
+                f"--{name}={getattr(config, name)} does not split over {replicas} replicas. Expected a "
+                f"multiple of {replicas}."
+            )
+    keras.utils.set_random_seed(config.seed)
+    info = data_lib.info(config.dataset, data_dir=config.data_dir, image_size=config.image_size)
+    num_train = info.splits[config.train_split]
+    if config.num_train_examples is not None:
+        num_train = min(num_train, config.num_train_examples)
+    steps_per_epoch, epochs, total_steps = _steps_plan(config, num_train)
+    learning_rate = schedule.WarmUpAndCosineDecay(
+        config.learning_rate,
+        num_train,
+        config.train_batch_size,
+        train_steps=total_steps,
+        warmup_epochs=config.warmup_epochs,
+        learning_rate_scaling=config.learning_rate_scaling,
+    )
+    with strategy.scope():
+        model = build_model(config, info.num_classes)
+        model.compile(optimizer=_optimizer(config, learning_rate), steps_per_execution=config.steps_per_loop)
+        model.optimizer.build(model.trainable_variables)
+
+    def dataset(split, *, training, num_examples, batch_size):
+        return pipeline.build_dataset(
+            config.dataset,
+            split,
+            batch_size=batch_size,
+            image_size=config.image_size,
+            is_training=training,
+            train_mode=config.train_mode,
+            color_jitter_strength=config.color_jitter_strength,
+            use_blur=config.use_blur,
+            data_dir=config.data_dir,
+            num_examples=num_examples,
+            repeat=training,
+            seed=config.seed,
+        )
+
+    trainer = tftrain.Trainer(
+        model,
+        strategy=strategy,
+        use_tf_function=config.use_tf_function,
+        steps_per_loop=config.steps_per_loop,
+        model_dir=config.model_dir,
+        checkpoint_every_steps=config.checkpoint_every_steps,
+        mixed_precision=config.mixed_precision,
+    )
+    results: dict[str, Any] = {}
+    train_seconds = 0.0
+    if config.mode in ("train", "train_then_eval"):
+        train_data = dataset(
+            config.train_split, training=True, num_examples=num_train, batch_size=config.train_batch_size
+        )
+        start = time.perf_counter()
+        if config.loop == "trainer":
+            history = trainer.fit(
+                train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=config.verbose
+            )
+            results["timing"] = trainer.timing.to_dict() if trainer.timing else None
+        else:
+            model.run_eagerly = not config.use_tf_function
+            callbacks = tftrain.callbacks.standard_callbacks(config.model_dir) if config.model_dir else []
+            history = model.fit(
+                train_data,
+                epochs=epochs,
+                steps_per_epoch=steps_per_epoch,
+                callbacks=callbacks,
+                verbose=config.verbose,
+            )
+        train_seconds = time.perf_counter() - start
+        results["train_logs"] = {key: float(values[-1]) for key, values in history.history.items() if values}
+    elif config.mode == "eval":
+        results["restored"] = _restore_for_eval(model, config.model_dir)
+    results["global_step"] = int(model.optimizer.iterations.numpy())
+    results["train_seconds"] = round(train_seconds, 1)
+    if config.mode in ("eval", "train_then_eval"):
+        eval_data = dataset(
+            config.eval_split,
+            training=False,
+            num_examples=config.num_eval_examples,
+            batch_size=config.eval_batch_size,
+        )
+        if model.uses_probe:
+            logs = trainer.evaluate(eval_data)
+            results["label_top_1_accuracy"] = logs["label_top_1_accuracy"]
+            results["label_top_5_accuracy"] = logs["label_top_5_accuracy"]
+        if config.linear_eval:
+            results.update(_linear_eval(config, model, info.num_classes, num_train, dataset))
+    results["config"] = dataclasses.asdict(config)
+    if config.model_dir and distribute.worker_role(strategy)[0]:
+        tf.io.gfile.makedirs(config.model_dir)
+        with tf.io.gfile.GFile(os.path.join(config.model_dir, "result.json"), "w") as file:
+            json.dump(results, file, indent=2, sort_keys=True)
+    return results
+
+
+def _linear_eval(config: Config, model, num_classes: int, num_train: int, dataset) -> dict[str, float]:
+    """Linear probes on the frozen trained encoder and on a random one of the same architecture."""
+    start = time.perf_counter()
+    train_eval = dataset(
+        config.train_split, training=False, num_examples=num_train, batch_size=config.eval_batch_size
+    )
+    test_eval = dataset(
+        config.eval_split,
+        training=False,
+        num_examples=config.num_eval_examples,
+        batch_size=config.eval_batch_size,
+    )
+    trained = probe.linear_probe_accuracy(*probe.encoder_features(model.encoder, train_eval, test_eval), num_classes)
+    keras.utils.set_random_seed(config.seed)
+    random_encoder = build_model(config, num_classes).encoder
+    baseline = probe.linear_probe_accuracy(
+        *probe.encoder_features(random_encoder, train_eval, test_eval), num_classes
+    )
+    return {
+        "linear_eval_top_1": trained,
+        "random_encoder_linear_eval_top_1": baseline,
+        "linear_eval_seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def summary_line(results: dict[str, Any]) -> str:
+    """One line a person reads at the end of a run."""
+    parts = [f"global_step={results['global_step']}", f"train_seconds={results['train_seconds']}"]
+    for key in ("label_top_1_accuracy", "linear_eval_top_1", "random_encoder_linear_eval_top_1"):
+        if key in results:
+            parts.append(f"{key}={results[key]:.4f}")
+    return "SimCLR: " + ", ".join(parts)

@@ -1,0 +1,269 @@
+"""The SimCLR model: a ResNet encoder, a projection head and a linear probe, as one `CustomModel`.
+
+Its `train_step` is the whole SimCLR algorithm, so it trains unchanged under
+`model.fit` and under `tftrain.Trainer.fit`:
+
+* pretrain: both augmented views of each image (stacked on the channel axis
+  by the input pipeline) go through the encoder and the projection head; the
+  NT-Xent loss pulls the two views of an image together and pushes the other
+  images apart (negatives gathered across replicas). With
+  `lineareval_while_pretraining`, a linear probe learns the labels from the
+  encoder's features through `stop_gradient`, so it measures the
+  representation without shaping it.
+* finetune: one view, the probe's cross-entropy trains the whole network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+import tftrain
+from tftrain.examples.simclr import objective, resnet
+
+PROJ_HEAD_MODES = ("none", "linear", "nonlinear")
+TRAIN_MODES = ("pretrain", "finetune")
+# Variables LARS leaves out of weight decay and layer adaptation; the probe
+# gets an explicit L2 loss instead (as in the reference implementation).
+LARS_EXCLUDE = ("batch_normalization", "bias", "head_supervised")
+
+
+class ProjectionHead(keras.layers.Layer):
+    """`num_layers` dense layers (with batch norm) mapping features to the contrastive space.
+
+    Args:
+        mode: "none" (identity), "linear" (one layer) or "nonlinear" (ReLU between layers).
+        out_dim: Size of the last layer's output.
+        num_layers: Layers in "nonlinear" mode; the hidden ones keep the input width.
+        ft_proj_selector: Which layer's input the probe (and finetuning) reads:
+            0 is the encoder output, 1 after the first layer, ...
+    """
+
+    def __init__(
+        self,
+        mode: str = "nonlinear",
+        out_dim: int = 128,
+        num_layers: int = 3,
+        ft_proj_selector: int = 0,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if mode not in PROJ_HEAD_MODES:
+            raise ValueError(
+                f"Invalid value for argument `proj_head_mode`. Received: {mode!r}. Expected one of "
+                f"{', '.join(PROJ_HEAD_MODES)}."
+            )
+        self.mode = mode
+        self.out_dim = out_dim
+        self.num_layers = 0 if mode == "none" else (1 if mode == "linear" else num_layers)
+        if not 0 <= ft_proj_selector <= self.num_layers:
+            raise ValueError(
+                f"Invalid value for argument `ft_proj_selector`. Received: {ft_proj_selector}. Expected "
+                f"0..{self.num_layers} (the projection head has {self.num_layers} layers)."
+            )
+        self.ft_proj_selector = ft_proj_selector
+        self.dense_layers: list[keras.layers.Dense] = []
+        self.norm_layers: list[keras.layers.BatchNormalization] = []
+
+    def build(self, input_shape):
+        width = int(input_shape[-1])
+        for index in range(self.num_layers):
+            last = index == self.num_layers - 1
+            self.dense_layers.append(
+                keras.layers.Dense(
+                    self.out_dim if last else width, use_bias=False, name=f"proj_dense_{index}"
+                )
+            )
+            # The last layer's batch norm has no offset: a shift would not change the loss.
+            self.norm_layers.append(
+                keras.layers.BatchNormalization(
+                    momentum=0.9, center=not last, name=f"batch_normalization_proj_{index}"
+                )
+            )
+        shape = input_shape
+        for dense, norm in zip(self.dense_layers, self.norm_layers, strict=True):
+            dense.build(shape)
+            shape = dense.compute_output_shape(shape)
+            norm.build(shape)
+
+    def call(self, inputs, training=False):
+        hiddens = [inputs]
+        for index, (dense, norm) in enumerate(zip(self.dense_layers, self.norm_layers, strict=True)):
+            x = norm(dense(hiddens[-1]), training=training)
+            if self.mode == "nonlinear" and index != self.num_layers - 1:
+                x = keras.ops.relu(x)
+            hiddens.append(x)
+        return hiddens[-1], hiddens[self.ft_proj_selector]
+
+
+class SimCLRModel(tftrain.CustomModel):
+    """SimCLR as a `keras.Model`: `model(images)` returns `(projection, probe_logits)`.
+
+    Training inputs are `(features, labels)`: in pretrain mode `features` holds
+    the two augmented views stacked on the channel axis (`[B, H, W, 6]`), in
+    finetune mode one view (`[B, H, W, 3]`). Evaluation inputs are one view.
+
+    Args:
+        num_classes: Classes the probe predicts.
+        resnet_depth: 18, 34 or 50.
+        width_multiplier: Encoder width (fractional for CPU runs).
+        cifar_stem: The small-image stem (3x3 conv, no max-pool).
+        proj_head_mode: "none", "linear" or "nonlinear".
+        proj_out_dim: The projection's output size.
+        num_proj_layers: Layers of a nonlinear projection head.
+        ft_proj_selector: Which projection layer's input feeds the probe.
+        train_mode: "pretrain" (contrastive) or "finetune" (supervised).
+        lineareval_while_pretraining: Train the probe on stop-gradient features
+            while pretraining.
+        temperature: NT-Xent temperature.
+        hidden_norm: L2-normalize projections before the contrastive loss.
+        weight_decay: L2 weight decay. With LARS (`lars_handles_decay`) only
+            the probe gets an explicit L2 loss; LARS decays the rest itself.
+        lars_handles_decay: Whether the optimizer is LARS.
+        sync_batch_norm: Batch norm statistics over all replicas.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        *,
+        resnet_depth: int = 18,
+        width_multiplier: float = 1.0,
+        cifar_stem: bool = True,
+        proj_head_mode: str = "nonlinear",
+        proj_out_dim: int = 128,
+        num_proj_layers: int = 3,
+        ft_proj_selector: int = 0,
+        train_mode: str = "pretrain",
+        lineareval_while_pretraining: bool = True,
+        temperature: float = 0.5,
+        hidden_norm: bool = True,
+        weight_decay: float = 1e-6,
+        lars_handles_decay: bool = True,
+        sync_batch_norm: bool = False,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if train_mode not in TRAIN_MODES:
+            raise ValueError(
+                f"Invalid value for argument `train_mode`. Received: {train_mode!r}. Expected one of "
+                f"{', '.join(TRAIN_MODES)}."
+            )
+        self.num_classes = num_classes
+        self.train_mode = train_mode
+        self.lineareval_while_pretraining = lineareval_while_pretraining
+        self.temperature = temperature
+        self.hidden_norm = hidden_norm
+        self.weight_decay = weight_decay
+        self.lars_handles_decay = lars_handles_decay
+        self.encoder = resnet.resnet(
+            resnet_depth, width_multiplier, cifar_stem=cifar_stem, sync_batch_norm=sync_batch_norm
+        )
+        self.projection_head = ProjectionHead(
+            proj_head_mode, proj_out_dim, num_proj_layers, ft_proj_selector, name="head_contrastive"
+        )
+        self.supervised_head = keras.layers.Dense(num_classes, name="head_supervised")
+        self.total_loss_tracker = keras.metrics.Mean(name="loss")
+        self.contrast_loss_tracker = keras.metrics.Mean(name="contrast_loss")
+        self.contrast_accuracy = keras.metrics.Mean(name="contrast_acc")
+        self.probe_loss_tracker = keras.metrics.Mean(name="probe_loss")
+        self.top_1 = keras.metrics.SparseTopKCategoricalAccuracy(k=1, name="label_top_1_accuracy")
+        self.top_5 = keras.metrics.SparseTopKCategoricalAccuracy(
+            k=min(5, num_classes), name="label_top_5_accuracy"
+        )
+        self.weight_decay_tracker = keras.metrics.Mean(name="weight_decay")
+
+    # ------------------------------------------------------------------ forward
+
+    @property
+    def uses_probe(self) -> bool:
+        return self.train_mode == "finetune" or self.lineareval_while_pretraining
+
+    def call(self, features, training=False):
+        """Returns `(projection, probe_logits)` for a batch of images (or stacked views)."""
+        if training and self.train_mode == "pretrain":
+            views = tf.split(features, num_or_size_splits=features.shape[-1] // 3, axis=-1)
+            features = tf.concat(views, axis=0)
+        else:
+            features = features[..., :3]
+        hidden = self.encoder(features, training=training)
+        projection, probe_input = self.projection_head(hidden, training=training)
+        if self.train_mode == "pretrain":
+            probe_input = tf.stop_gradient(probe_input)
+        logits = self.supervised_head(probe_input)
+        return projection, logits
+
+    def build_for(self, image_size: int) -> None:
+        """Creates every variable by running one image through the model."""
+        self(tf.zeros([1, image_size, image_size, 3]), training=False)
+
+    # ------------------------------------------------------------------ losses
+
+    def weight_decay_loss(self) -> tf.Tensor:
+        """L2 loss on the kernels (the probe only, when LARS decays the rest)."""
+        if self.lars_handles_decay:
+            variables = self.supervised_head.trainable_variables
+        else:
+            variables = self.trainable_variables
+        kernels = [v for v in variables if "batch_normalization" not in v.path and "bias" not in v.path]
+        if not kernels or not self.weight_decay:
+            return tf.constant(0.0)
+        return self.weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in kernels])
+
+    @property
+    def metrics(self):
+        return [
+            self.total_loss_tracker,
+            self.contrast_loss_tracker,
+            self.contrast_accuracy,
+            self.probe_loss_tracker,
+            self.top_1,
+            self.top_5,
+            self.weight_decay_tracker,
+        ]
+
+    def train_step(self, data):
+        features, labels = data
+        strategy = tf.distribute.get_strategy()
+        with tf.GradientTape() as tape:
+            projection, logits = self(features, training=True)
+            loss = tf.constant(0.0)
+            if self.train_mode == "pretrain":
+                contrast_loss, logits_con, labels_con = objective.contrastive_loss(
+                    projection, self.hidden_norm, self.temperature, strategy=strategy
+                )
+                loss += contrast_loss
+                self.contrast_loss_tracker.update_state(contrast_loss)
+                hits = tf.equal(tf.argmax(labels_con, axis=1), tf.argmax(logits_con, axis=1))
+                self.contrast_accuracy.update_state(tf.cast(hits, tf.float32))
+                labels = tf.concat([labels, labels], axis=0)  # the probe sees both views
+            if self.uses_probe:
+                probe_loss = tf.reduce_mean(
+                    keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+                )
+                loss += probe_loss
+                self.probe_loss_tracker.update_state(probe_loss)
+                self.top_1.update_state(labels, logits)
+                self.top_5.update_state(labels, logits)
+            decay = self.weight_decay_loss()
+            loss += decay
+            self.weight_decay_tracker.update_state(decay)
+            self.total_loss_tracker.update_state(loss)
+            # Gradients are summed over replicas: each contributes its share.
+            scaled = self.optimizer.scale_loss(loss / strategy.num_replicas_in_sync)
+        gradients = tape.gradient(scaled, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        return {metric.name: metric.result() for metric in self.metrics}
+
+    def test_step(self, data):
+        features, labels = data
+        _, logits = self(features, training=False)
+        probe_loss = tf.reduce_mean(
+            keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        )
+        self.probe_loss_tracker.update_state(probe_loss)
+        self.top_1.update_state(labels, logits)
+        self.top_5.update_state(labels, logits)
+        return {m.name: m.result() for m in (self.probe_loss_tracker, self.top_1, self.top_5)}

@@ -1,0 +1,79 @@
+"""SimCLR's input pipelines: two augmented views per image for pretraining, one for finetuning and eval."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tftrain import data as data_lib
+from tftrain.examples.simclr import augment
+
+
+def build_dataset(
+    name: str,
+    split: str,
+    *,
+    batch_size: int,
+    image_size: int,
+    is_training: bool,
+    train_mode: str = "pretrain",
+    color_jitter_strength: float = 1.0,
+    use_blur: bool = False,
+    data_dir: str | None = None,
+    num_examples: int | None = None,
+    repeat: bool = False,
+    seed: int | None = None,
+) -> tf.data.Dataset:
+    """A batched dataset of `(features, labels)` for SimCLR.
+
+    Args:
+        name: A `tftrain.data.load` dataset name.
+        split: The split to read.
+        batch_size: The global batch size (training batches are all full).
+        image_size: Images are resized (eval: center-cropped) to this size.
+        is_training: Augment and shuffle; drop a last partial batch.
+        train_mode: "pretrain" stacks two augmented views on the channel axis
+            (`[B, H, W, 6]`); "finetune" gives one (`[B, H, W, 3]`).
+        color_jitter_strength: SimCLR's colour distortion strength.
+        use_blur: Random Gaussian blur (pretraining only, as in the paper).
+        data_dir: tensorflow-datasets data directory.
+        num_examples: Use only the first examples of the split.
+        repeat: Repeat forever (training to a step count).
+        seed: Shuffle seed.
+
+    Returns:
+        The dataset, prefetched.
+    """
+    images = data_lib.load(name, split, data_dir=data_dir, image_size=image_size, num_examples=num_examples)
+    # Decoded images are small here; caching them keeps the augmentation the only per-epoch work.
+    images = images.cache()
+    if is_training:
+        images = images.shuffle(10 * batch_size, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        images = images.repeat()
+
+    # Called twice per image, not wrapped in one tf.function: under a global
+    # seed, two calls of one traced function would draw the same randomness.
+    def augmented(image):
+        image = tf.image.convert_image_dtype(image, tf.float32)
+        if image.shape[-1] == 1:
+            image = tf.image.grayscale_to_rgb(image)
+        return augment.preprocess_for_train(
+            image,
+            image_size,
+            image_size,
+            color_jitter_strength=color_jitter_strength,
+            blur=use_blur and train_mode == "pretrain",
+        )
+
+    def training_features(image, label):
+        if train_mode == "pretrain":
+            return tf.concat([augmented(image), augmented(image)], axis=-1), label
+        return augmented(image), label
+
+    def eval_features(image, label):
+        return augment.preprocess_image(image, image_size, image_size, is_training=False), label
+
+    mapped = images.map(
+        training_features if is_training else eval_features, num_parallel_calls=tf.data.AUTOTUNE
+    )
+    return mapped.batch(batch_size, drop_remainder=is_training).prefetch(tf.data.AUTOTUNE)
