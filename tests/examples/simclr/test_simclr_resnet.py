@@ -101,3 +101,8 @@ def test_bad_arguments_are_clear_errors():
             resnet(18, width)
     with pytest.raises(ValueError, match="Invalid value for argument `input_shape`"):
         resnet(18, 0.125, input_shape=(32, 32))
+
+
+def test_residual_branches_can_start_unscaled():
+    model = resnet(18, 0.125, zero_init_residual=False)
+    assert np.all(model.get_layer("group2_block1_batch_normalization_2").gamma.numpy() == 1)

@@ -260,6 +260,7 @@ def preprocess_for_train(
     crop: bool = True,
     flip: bool = True,
     blur: bool = False,
+    min_crop_area: float = 0.08,
 ) -> tf.Tensor:
     """SimCLR's training augmentation of one view.
 
@@ -275,6 +276,8 @@ def preprocess_for_train(
         crop: Whether to random-crop (else the image is only resized).
         flip: Whether to flip left-right at random.
         blur: Whether to blur at random.
+        min_crop_area: The smallest crop, as a fraction of the image area
+            (0.08 in the paper; larger for small objects in small images).
 
     Returns:
         A `[height, width, 3]` float32 image in [0, 1].
@@ -285,7 +288,7 @@ def preprocess_for_train(
     _check_size(height, width)
     image = tf.convert_to_tensor(image, tf.float32)
     if crop:
-        image = random_crop_with_resize(image, height, width)
+        image = random_crop_with_resize(image, height, width, area_range=(min_crop_area, 1.0))
     else:
         image = _resize(image, height, width)
     if flip:

@@ -24,16 +24,7 @@ from tftrain import distribute
 from tftrain.examples.simclr import lars, pipeline, probe, schedule
 from tftrain.examples.simclr import model as model_lib
 
-KNOWN_DATASETS = (
-    "shapes",
-    "synthetic",
-    "cifar10",
-    "cifar100",
-    "stl10",
-    "fashion_mnist",
-    "mnist",
-    "imagenet2012",
-)
+KNOWN_DATASETS = data_lib.KNOWN_DATASETS
 MIN_IMAGE_SIZE = 16  # the random crop and the ResNet's strides need room
 
 
@@ -53,7 +44,7 @@ class Config:
     image_size: int = 32
     train_batch_size: int = 256
     eval_batch_size: int = 256
-    train_epochs: int = 12
+    train_epochs: int = 8
     train_steps: int | None = None
     warmup_epochs: float = 1
     learning_rate: float = 1.0
@@ -63,10 +54,11 @@ class Config:
     weight_decay: float = 1e-4
     temperature: float = 0.5
     hidden_norm: bool = True
-    color_jitter_strength: float = 0.5
+    color_jitter_strength: float = 1.0
     use_blur: bool = False
+    min_crop_area: float = 0.35
     resnet_depth: int = 18
-    width_multiplier: float = 0.25
+    width_multiplier: float = 0.125
     cifar_stem: bool | None = None
     proj_head_mode: str = "nonlinear"
     proj_out_dim: int = 128
@@ -75,6 +67,7 @@ class Config:
     lineareval_while_pretraining: bool = True
     linear_eval: bool = True
     global_bn: bool = False
+    zero_init_residual: bool = False
     model_dir: str | None = None
     checkpoint_every_steps: int | None = None
     use_gpu: bool = False
@@ -115,6 +108,8 @@ class Config:
             raise ValueError(f"--train_steps={self.train_steps}: expected an integer >= 1, or unset.")
         if self.width_multiplier <= 0:
             raise ValueError(f"--width_multiplier={self.width_multiplier}: expected a number > 0.")
+        if not 0 < self.min_crop_area <= 1:
+            raise ValueError(f"--min_crop_area={self.min_crop_area}: expected a fraction in (0, 1].")
         if self.temperature <= 0:
             raise ValueError(f"--temperature={self.temperature}: expected a number > 0.")
         if self.mode != "train" and self.train_mode == "pretrain" and not self.lineareval_while_pretraining:
@@ -153,7 +148,8 @@ def _optimizer(config: Config, learning_rate: Any) -> keras.optimizers.Optimizer
             learning_rate,
             momentum=config.momentum,
             weight_decay=config.weight_decay,
-            exclude_from_weight_decay=model_lib.LARS_EXCLUDE,
+            exclude_from_weight_decay=model_lib.LARS_EXCLUDE_FROM_WEIGHT_DECAY,
+            exclude_from_layer_adaptation=model_lib.LARS_EXCLUDE_FROM_LAYER_ADAPTATION,
         )
     if config.optimizer == "momentum":
         return keras.optimizers.SGD(learning_rate, momentum=config.momentum, nesterov=True)
@@ -179,6 +175,7 @@ def build_model(config: Config, num_classes: int) -> model_lib.SimCLRModel:
         weight_decay=config.weight_decay,
         lars_handles_decay=config.optimizer == "lars",
         sync_batch_norm=config.global_bn,
+        zero_init_residual=config.zero_init_residual,
     )
     model.build_for(config.image_size)
     return model
@@ -239,6 +236,7 @@ def run(config: Config) -> dict[str, Any]:
             train_mode=config.train_mode,
             color_jitter_strength=config.color_jitter_strength,
             use_blur=config.use_blur,
+            min_crop_area=config.min_crop_area,
             data_dir=config.data_dir,
             num_examples=num_examples,
             repeat=training,

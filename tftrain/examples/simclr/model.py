@@ -25,9 +25,12 @@ from tftrain.examples.simclr import objective, resnet
 
 PROJ_HEAD_MODES = ("none", "linear", "nonlinear")
 TRAIN_MODES = ("pretrain", "finetune")
-# Variables LARS leaves out of weight decay and layer adaptation; the probe
-# gets an explicit L2 loss instead (as in the reference implementation).
-LARS_EXCLUDE = ("batch_normalization", "bias", "head_supervised")
+# Variables LARS leaves out of weight decay (the probe gets an explicit L2 loss
+# instead, as in the reference implementation) and out of layer adaptation.
+# Unlike the reference, the probe keeps LARS's trust ratio: without it, the
+# probe's plain step at a contrastive learning rate (~1) diverged in our runs.
+LARS_EXCLUDE_FROM_WEIGHT_DECAY = ("batch_normalization", "bias", "head_supervised")
+LARS_EXCLUDE_FROM_LAYER_ADAPTATION = ("batch_normalization", "bias")
 
 
 class ProjectionHead(keras.layers.Layer):
@@ -123,6 +126,7 @@ class SimCLRModel(tftrain.CustomModel):
             the probe gets an explicit L2 loss; LARS decays the rest itself.
         lars_handles_decay: Whether the optimizer is LARS.
         sync_batch_norm: Batch norm statistics over all replicas.
+        zero_init_residual: Start each residual block as an identity.
     """
 
     def __init__(
@@ -143,6 +147,7 @@ class SimCLRModel(tftrain.CustomModel):
         weight_decay: float = 1e-6,
         lars_handles_decay: bool = True,
         sync_batch_norm: bool = False,
+        zero_init_residual: bool = True,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -159,7 +164,11 @@ class SimCLRModel(tftrain.CustomModel):
         self.weight_decay = weight_decay
         self.lars_handles_decay = lars_handles_decay
         self.encoder = resnet.resnet(
-            resnet_depth, width_multiplier, cifar_stem=cifar_stem, sync_batch_norm=sync_batch_norm
+            resnet_depth,
+            width_multiplier,
+            cifar_stem=cifar_stem,
+            sync_batch_norm=sync_batch_norm,
+            zero_init_residual=zero_init_residual,
         )
         self.projection_head = ProjectionHead(
             proj_head_mode, proj_out_dim, num_proj_layers, ft_proj_selector, name="head_contrastive"

@@ -18,6 +18,7 @@ def build_dataset(
     train_mode: str = "pretrain",
     color_jitter_strength: float = 1.0,
     use_blur: bool = False,
+    min_crop_area: float = 0.08,
     data_dir: str | None = None,
     num_examples: int | None = None,
     repeat: bool = False,
@@ -35,6 +36,7 @@ def build_dataset(
             (`[B, H, W, 6]`); "finetune" gives one (`[B, H, W, 3]`).
         color_jitter_strength: SimCLR's colour distortion strength.
         use_blur: Random Gaussian blur (pretraining only, as in the paper).
+        min_crop_area: The smallest random crop, as a fraction of the image.
         data_dir: tensorflow-datasets data directory.
         num_examples: Use only the first examples of the split.
         repeat: Repeat forever (training to a step count).
@@ -63,6 +65,7 @@ def build_dataset(
             image_size,
             color_jitter_strength=color_jitter_strength,
             blur=use_blur and train_mode == "pretrain",
+            min_crop_area=min_crop_area,
         )
 
     def training_features(image, label):
