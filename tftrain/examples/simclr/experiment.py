@@ -44,7 +44,7 @@ class Config:
     image_size: int = 32
     train_batch_size: int = 256
     eval_batch_size: int = 256
-    train_epochs: int = 8
+    train_epochs: int = 10
     train_steps: int | None = None
     warmup_epochs: float = 1
     learning_rate: float = 1.0
