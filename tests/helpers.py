@@ -34,4 +34,6 @@ TIMING_REPORT_KEYS = {
     "examples_per_sec",
     "steps",
     "trace_count",
+    "checkpoint_saves",
+    "checkpoint_save_median_s",
 }

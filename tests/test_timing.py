@@ -49,6 +49,8 @@ def test_report_to_dict_has_exactly_the_contract_keys():
         examples_per_sec=50.0,
         steps=3,
         trace_count=1,
+        checkpoint_saves=2,
+        checkpoint_save_median_s=0.05,
     )
     report = timing.TimingReport(**fields)
     assert set(report.to_dict()) == REPORT_KEYS
@@ -157,6 +159,50 @@ def test_step_timer_reset_forgets_everything(clock):
     assert timer.report(trace_count=0) == timing.TimingReport()
     timed_call(timer, clock, 3.0, steps=2, examples=4)
     assert timer.report(trace_count=0).first_step_s == pytest.approx(3.0)
+
+
+def test_step_timer_files_checkpoint_saves_apart_from_step_times(clock):
+    timer = timing.StepTimer()
+    timed_call(timer, clock, 1.0, steps=1, examples=4)
+    timed_call(timer, clock, 0.5, steps=1, examples=4)
+    timer.record_checkpoint_save(0.2)
+    timer.record_checkpoint_save(0.4)
+    timer.record_checkpoint_save(0.3)
+    report = timer.report(trace_count=1)
+    assert report.checkpoint_saves == 3
+    assert report.checkpoint_save_median_s == pytest.approx(0.3)
+    assert report.step_time_median_s == pytest.approx(0.5)  # saves are not steps
+    assert "checkpoint save median (3 saves)  300.00 ms" in report.summary()
+    restored = timing.StepTimer()
+    restored.load_state_dict(timer.state_dict())
+    assert restored.report(trace_count=1) == report
+    assert "checkpoint" not in timing.TimingReport().summary()
+
+
+def test_step_timer_loads_a_state_saved_before_checkpoint_times_existed(clock):
+    timer = timing.StepTimer()
+    timed_call(timer, clock, 1.0, steps=1, examples=4)
+    state = timer.state_dict()
+    del state["checkpoint_save_times"]
+    restored = timing.StepTimer()
+    restored.load_state_dict(state)
+    assert restored.report(trace_count=1).checkpoint_saves == 0
+
+
+def test_trainer_timing_counts_its_checkpoint_saves(tmp_path):
+    x = np.random.default_rng(0).random((64, 6), dtype=np.float32)
+    y = np.zeros(64, dtype=np.int32)
+    trainer = tftrain.Trainer(
+        make_mlp(), **compile_args(), model_dir=str(tmp_path), checkpoint_every_steps=2
+    )
+    trainer.fit((x, y), batch_size=16, epochs=2, verbose=0)
+    # Every 2 steps and at each epoch end (steps 2, 4 = epoch end, 6, 8 = epoch end).
+    assert trainer.timing.checkpoint_saves == 4
+    assert trainer.timing.checkpoint_save_median_s > 0
+    no_dir = tftrain.Trainer(make_mlp(), **compile_args())
+    no_dir.fit((x, y), batch_size=16, epochs=1, verbose=0)
+    assert no_dir.timing.checkpoint_saves == 0
+    assert no_dir.timing.checkpoint_save_median_s is None
 
 
 def test_step_timer_uses_perf_counter(monkeypatch):

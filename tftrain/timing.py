@@ -43,6 +43,10 @@ class TimingReport:
         examples_per_sec: Examples per second in steady state.
         steps: Training steps run (each step of a k-step loop counts).
         trace_count: How many times the training step function was traced.
+        checkpoint_saves: Checkpoints written during the run (Trainer with a
+            `model_dir`; 0 otherwise).
+        checkpoint_save_median_s: Median seconds one checkpoint save took
+            (outside the step times above), or None without saves.
     """
 
     first_step_s: float | None = None
@@ -51,6 +55,8 @@ class TimingReport:
     examples_per_sec: float | None = None
     steps: int = 0
     trace_count: int = 0
+    checkpoint_saves: int = 0
+    checkpoint_save_median_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the report as a plain dict (JSON-serializable)."""
@@ -69,6 +75,13 @@ class TimingReport:
                 "n/a" if self.examples_per_sec is None else f"{self.examples_per_sec:,.1f}",
             ),
         ]
+        if self.checkpoint_saves:
+            rows.append(
+                (
+                    f"checkpoint save median ({self.checkpoint_saves} saves)",
+                    _format_seconds(self.checkpoint_save_median_s),
+                )
+            )
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -187,6 +200,7 @@ class StepTimer:
         self.steady_examples = 0
         self.steady_examples_known = True
         self.steps = 0
+        self.checkpoint_save_times: list[float] = []
         self._start: float | None = None
         self._window = [0, 0, 0.0, True]  # steady steps, examples, seconds, examples known
 
@@ -223,6 +237,10 @@ class StepTimer:
         self._window[2] += elapsed
         self._window[3] = self._window[3] and examples is not None
 
+    def record_checkpoint_save(self, seconds: float) -> None:
+        """Files the wall time of one checkpoint save (kept apart from step times)."""
+        self.checkpoint_save_times.append(seconds)
+
     def take_window(self) -> dict[str, float]:
         """Steady-state rates since the previous call (for periodic summaries).
 
@@ -252,6 +270,7 @@ class StepTimer:
             "steady_examples": self.steady_examples,
             "steady_examples_known": self.steady_examples_known,
             "steps": self.steps,
+            "checkpoint_save_times": self.checkpoint_save_times[-MAX_SAVED_STEP_TIMES:],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -263,6 +282,8 @@ class StepTimer:
         self.steady_examples = int(state["steady_examples"])
         self.steady_examples_known = bool(state["steady_examples_known"])
         self.steps = int(state["steps"])
+        # Absent in checkpoints written before save times were measured.
+        self.checkpoint_save_times = list(state.get("checkpoint_save_times", []))
 
     def report(self, trace_count: int) -> TimingReport:
         """Builds the report from what was measured."""
@@ -279,6 +300,10 @@ class StepTimer:
             examples_per_sec=throughput,
             steps=self.steps,
             trace_count=trace_count,
+            checkpoint_saves=len(self.checkpoint_save_times),
+            checkpoint_save_median_s=(
+                statistics.median(self.checkpoint_save_times) if self.checkpoint_save_times else None
+            ),
         )
 
 

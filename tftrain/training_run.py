@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -326,7 +327,10 @@ class TrainingRun:
                 "timer": self.timer.state_dict(),
                 "trace_count": self.trace_count(),
             }
+        start = time.perf_counter()
         path = self.checkpointer.save(self.progress, iterator, timing_state)
+        if self.timer is not None:
+            self.timer.record_checkpoint_save(time.perf_counter() - start)
         self._saved_at_step = self.progress.global_step
         return path
 
