@@ -233,7 +233,7 @@ class EpochPlan:
 # ------------------------------------------------------------------ named datasets
 
 GENERATED_DATASETS = ("shapes", "synthetic")
-"""Datasets made on this machine, no download: `load("shapes")`, `load("synthetic")`."""
+"""Datasets made on this machine, with no download (`load("shapes")`, `load("synthetic")`)."""
 
 SPLITS = {
     "cifar10": ("train", "test"),

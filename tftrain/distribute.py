@@ -110,7 +110,7 @@ def describe(strategy: tf.distribute.Strategy) -> str:
         strategy: Any `tf.distribute.Strategy`.
 
     Returns:
-        E.g. `"MirroredStrategy: 2 replicas on /job:localhost/replica:0/task:0/device:CPU:0, ..."`.
+        E.g. ``"MirroredStrategy: 2 replicas on /job:localhost/replica:0/task:0/device:CPU:0, ..."``.
     """
     name = type(strategy).__name__
     replicas = strategy.num_replicas_in_sync

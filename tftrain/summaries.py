@@ -206,7 +206,7 @@ class ProfileWindow:
 
     @property
     def boundaries(self) -> tuple[int, int]:
-        """Global step counts at which a host call must end: before the window and at its end."""
+        """The global step counts at which a host call must end (before the window and at its end)."""
         return self.start - 1, self.stop
 
     def before_steps(self, done: int) -> None:

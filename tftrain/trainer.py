@@ -372,7 +372,7 @@ class Trainer:
             batch_size: Batch size for array inputs (default 32).
 
         Returns:
-            The logs of the last step as Python floats, e.g. `{"loss": 0.3}`.
+            The logs of the last step as Python floats, e.g. ``{"loss": 0.3}``.
         """
         self._check_model_step("eval_step", "test_step")
         dataset = data_lib.as_dataset(data, argument="data", batch_size=batch_size)

@@ -223,6 +223,7 @@ class SimCLRModel(tftrain.CustomModel):
 
     @property
     def metrics(self):
+        """The loss trackers and accuracies the steps update (reset at each epoch)."""
         return [
             self.total_loss_tracker,
             self.contrast_loss_tracker,
@@ -234,6 +235,7 @@ class SimCLRModel(tftrain.CustomModel):
         ]
 
     def train_step(self, data):
+        """One SimCLR step: NT-Xent (pretrain) and/or probe loss, weight decay, one update."""
         features, labels = data
         strategy = tf.distribute.get_strategy()
         with tf.GradientTape() as tape:
@@ -267,6 +269,7 @@ class SimCLRModel(tftrain.CustomModel):
         return {metric.name: metric.result() for metric in self.metrics}
 
     def test_step(self, data):
+        """Scores the probe on one batch of single views (loss, top-1, top-5)."""
         features, labels = data
         _, logits = self(features, training=False)
         probe_loss = tf.reduce_mean(
