@@ -48,7 +48,7 @@ myst_heading_anchors = 3
 # autodoc + napoleon (Google style only).
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"show-inheritance": True}
 # Defaults as written in the source (`targets=TARGETS`, not a long repr).
 autodoc_preserve_defaults = True
 # Only what tftrain documents: Keras hooks a callback overrides (on_epoch_end,
