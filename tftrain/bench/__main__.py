@@ -1,7 +1,8 @@
-"""Benchmarks the ways to train with tftrain against model.fit and a hand-written loop.
+"""Benchmarks the ways to train with tftrain against model.fit, a hand-written loop and PyTorch.
 
-Usage: python -m tftrain.bench [--quick] [--workload=mlp,cnn] [--repeats=N]
-       [--epochs=N] [--steps_per_loop=K] [--output=results.json]
+Usage: python -m tftrain.bench [--quick] [--workload=mlp,cnn,linear,simclr] [--repeats=N]
+       [--variants=...] [--epochs=N] [--steps_per_loop=K] [--output=results.json]
+       [--plot=results.png]
 """
 
 import os
@@ -10,18 +11,29 @@ import sys
 from absl import app, flags
 
 from tftrain.bench import config as config_lib
+from tftrain.bench import outputs
 
 _QUICK = flags.DEFINE_bool(
     "quick", False, "A short run: fewer examples and eager steps (see the report), 1 repeat by default."
 )
 _OUTPUT = flags.DEFINE_string(
-    "output", None, "Write all results (every run, summaries, targets) as JSON here."
+    "output", None, "Write all results (every run, summaries, targets) as JSON here (after the whole run)."
+)
+_PLOT = flags.DEFINE_string(
+    "plot",
+    None,
+    "Draw a bar chart per workload into this .png/.svg/.pdf (needs matplotlib: the `plot` extra).",
 )
 _WORKLOAD = flags.DEFINE_string(
-    "workload", ",".join(config_lib.WORKLOAD_NAMES), "Comma-separated workloads: mlp, cnn."
+    "workload",
+    ",".join(config_lib.WORKLOAD_NAMES),
+    f"Comma-separated workloads: {', '.join(config_lib.WORKLOAD_NAMES)}.",
 )
 _VARIANTS = flags.DEFINE_string(
-    "variants", None, f"Comma-separated variants (default: all): {', '.join(config_lib.VARIANT_NAMES)}."
+    "variants",
+    None,
+    "Comma-separated variants (default: every variant of each workload): "
+    f"{', '.join(config_lib.VARIANT_NAMES)}.",
 )
 _REPEATS = flags.DEFINE_integer(
     "repeats",
@@ -32,7 +44,19 @@ _EPOCHS = flags.DEFINE_integer(
     "epochs", 2, "Epochs per run (>= 2); the first includes tracing, the rest are steady state."
 )
 _STEPS_PER_LOOP = flags.DEFINE_integer(
-    "steps_per_loop", 20, "k for graph_loop (Trainer steps_per_loop) and keras_fit_spe (steps_per_execution)."
+    "steps_per_loop",
+    None,
+    "k of the *_loop variants and keras_fit_spe (steps_per_execution). Default: each workload's own "
+    "(20 for mlp/cnn, 10 for linear).",
+)
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", None, "Batch size for every chosen workload (default: 128 mlp/cnn, 1024 linear, 64 simclr)."
+)
+_CHECKPOINT_EVERY = flags.DEFINE_integer(
+    "checkpoint_every_steps", None, "How often graph_checkpoint saves (default: four times per epoch)."
+)
+_SIMCLR_WIDTH = flags.DEFINE_float(
+    "simclr_width", 1.0, "Width multiplier of the SimCLR ResNet-18 (1.0 = the standard network)."
 )
 _EAGER_STEPS = flags.DEFINE_integer(
     "eager_steps",
@@ -70,19 +94,37 @@ def main(argv: list[str]) -> None:
             eager_steps=_EAGER_STEPS.value,
             num_train=_NUM_TRAIN.value,
             num_val=_NUM_VAL.value,
+            batch_size=_BATCH_SIZE.value,
+            checkpoint_every_steps=_CHECKPOINT_EVERY.value,
+            simclr_width=_SIMCLR_WIDTH.value,
             seed=_SEED.value,
             autotune=_AUTOTUNE.value,
         )
-    except ValueError as error:
+        _check_requested_optional_variants(config)
+        outputs.check_outputs(_OUTPUT.value, _PLOT.value)
+    except (ValueError, ImportError) as error:
         raise app.UsageError(str(error)) from None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
     from tftrain.bench import report, suite  # loads TensorFlow, so only after the checks
 
     results = suite.run_benchmark(config, progress=_progress)
     print(report.format_report(results), end="")
-    if _OUTPUT.value:
-        report.write_json(results, _OUTPUT.value)
-        print(f"Wrote {_OUTPUT.value}")
+    for path in outputs.write_outputs(results, _OUTPUT.value, _PLOT.value):
+        print(f"Wrote {path}")
+
+
+def _check_requested_optional_variants(config: config_lib.BenchmarkConfig) -> None:
+    """A variant named on the command line whose optional package is missing is an error (not a skip)."""
+    import importlib.util
+
+    for name in config.variants or ():
+        if name in config_lib.OPTIONAL_VARIANTS:
+            module, install = config_lib.OPTIONAL_VARIANTS[name]
+            if importlib.util.find_spec(module) is None:
+                raise ValueError(
+                    f"--variants={name} needs {module}, which is not installed. Install it ({install}) or "
+                    f"leave {name} out (without --variants it is skipped when {module} is missing)."
+                )
 
 
 if __name__ == "__main__":

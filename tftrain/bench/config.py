@@ -12,20 +12,38 @@ from typing import Any
 
 # The registries live in `workloads.WORKLOADS` and `runners.VARIANTS` (tests
 # check that they match these names and this order).
-WORKLOAD_NAMES = ("mlp", "cnn")
+WORKLOAD_NAMES = ("mlp", "cnn", "linear", "simclr")
 VARIANT_NAMES = (
     "handwritten",
     "graph",
     "trainer_no_timing",
+    "graph_checkpoint",
+    "handwritten_xla",
     "xla",
+    "handwritten_loop",
     "graph_loop",
+    "xla_loop",
     "keras_fit",
     "keras_fit_spe",
     "keras_fit_timing",
     "handwritten_eager",
     "eager",
+    "torch_eager",
     "data_only",
 )
+# The linear workload's XLA loop and PyTorch variants do not apply to the classifiers.
+_CLASSIFIER_VARIANTS = tuple(name for name in VARIANT_NAMES if name not in ("xla_loop", "torch_eager"))
+# The variants each workload runs, in their run (and table) order.
+WORKLOAD_VARIANTS = {
+    "mlp": _CLASSIFIER_VARIANTS,
+    "cnn": _CLASSIFIER_VARIANTS,
+    # The TF-vs-PyTorch comparison: eager, graph and XLA, k = 10 steps per call.
+    "linear": ("eager", "graph_loop", "xla_loop", "torch_eager", "data_only"),
+    "simclr": ("graph", "keras_fit"),
+}
+# Variants that need an optional package: name -> (module, how to install it).
+OPTIONAL_VARIANTS = {"torch_eager": ("torch", "pip install torch")}
+# Default batch size of the classifier workloads (the others set their own).
 BATCH_SIZE = 128
 
 
@@ -77,19 +95,28 @@ class BenchmarkConfig:
 
     Attributes:
         workloads: Workload names (`"mlp,cnn"` or a sequence).
-        variants: Variant names; None means all, in their canonical order.
+        variants: Variant names; None means every variant of each chosen
+            workload (`WORKLOAD_VARIANTS`). Each workload runs the named
+            variants it has; a name that no chosen workload has is an error.
         quick: A short run: the workloads' small quick-mode sizes, and the
             quick defaults of `repeats` and `eager_steps`.
         repeats: Repetitions; each runs every variant once, in turn. None
             means 3, or 1 in quick mode.
         epochs: Epochs per run (>= 2: the first includes tracing and is
             reported separately from the steady-state epochs).
-        steps_per_loop: `k` for `graph_loop` and `keras_fit_spe`.
+        steps_per_loop: `k` of the k-steps-per-call variants (`graph_loop`,
+            `xla_loop`, `handwritten_loop`, `keras_fit_spe`); None means each
+            workload's own (20 for the classifiers, 10 for `linear`).
         eager_steps: Steps per epoch for eager variants (capped at a full
             epoch); 0 means full epochs; None means 100, or 10 in quick mode.
         num_train: Training examples, overriding the workloads' defaults.
         num_val: Validation examples, overriding the workloads' defaults.
-        batch_size: Batch size.
+        batch_size: Batch size; None means each workload's own (128 for the
+            classifiers, 1024 for `linear`, 64 pairs of views for `simclr`).
+        checkpoint_every_steps: How often `graph_checkpoint` saves; None
+            means four times per epoch.
+        simclr_width: Width multiplier of the SimCLR ResNet-18 (1.0 is the
+            standard network; smaller only to make tests fast).
         seed: Seed for data and initial weights.
         validate: Evaluate each trained model on the validation data (untimed,
             first repetition only).
@@ -105,11 +132,13 @@ class BenchmarkConfig:
     quick: bool = False
     repeats: int | None = None
     epochs: int = 2
-    steps_per_loop: int = 20
+    steps_per_loop: int | None = None
     eager_steps: int | None = None
     num_train: int | None = None
     num_val: int | None = None
-    batch_size: int = BATCH_SIZE
+    batch_size: int | None = None
+    checkpoint_every_steps: int | None = None
+    simclr_width: float = 1.0
     seed: int = 0
     validate: bool = True
     autotune: bool = False
@@ -117,8 +146,18 @@ class BenchmarkConfig:
     def __post_init__(self):
         workloads = parse_names(self.workloads, WORKLOAD_NAMES, "workload")
         object.__setattr__(self, "workloads", tuple(workloads))
-        variants = VARIANT_NAMES if self.variants is None else self.variants
-        object.__setattr__(self, "variants", tuple(parse_names(variants, VARIANT_NAMES, "variants")))
+        if self.variants is not None:
+            variants = parse_names(self.variants, VARIANT_NAMES, "variants")
+            available = {name for workload in workloads for name in WORKLOAD_VARIANTS[workload]}
+            missing = [name for name in variants if name not in available]
+            if missing:
+                raise ValueError(
+                    f"Invalid value for argument `variants`. Received: variants={','.join(missing)}, which "
+                    f"no chosen workload ({', '.join(workloads)}) runs. Their variants: "
+                    + "; ".join(f"{w}: {', '.join(WORKLOAD_VARIANTS[w])}" for w in workloads)
+                    + "."
+                )
+            object.__setattr__(self, "variants", tuple(variants))
         if self.repeats is None:
             object.__setattr__(self, "repeats", 1 if self.quick else 3)
         if self.eager_steps is None:
@@ -127,9 +166,26 @@ class BenchmarkConfig:
         _check_int(
             "epochs", self.epochs, 2, hint=" (the first epoch includes tracing and is reported separately)"
         )
-        _check_int("steps_per_loop", self.steps_per_loop, 1)
+        _check_int("steps_per_loop", self.steps_per_loop, 1, allow_none=True)
         _check_int("eager_steps", self.eager_steps, 0)
         _check_int("num_train", self.num_train, 1, allow_none=True)
         _check_int("num_val", self.num_val, 1, allow_none=True)
-        _check_int("batch_size", self.batch_size, 1)
+        _check_int("batch_size", self.batch_size, 1, allow_none=True)
+        _check_int("checkpoint_every_steps", self.checkpoint_every_steps, 1, allow_none=True)
         _check_int("seed", self.seed, 0)
+        if (
+            isinstance(self.simclr_width, bool)
+            or not isinstance(self.simclr_width, (int, float))
+            or not self.simclr_width > 0
+        ):
+            raise ValueError(
+                "Invalid value for argument `simclr_width`. Received: "
+                f"simclr_width={self.simclr_width!r}. Expected a number > 0 (1.0 is the standard ResNet-18)."
+            )
+
+    def variants_for(self, workload: str) -> tuple[str, ...]:
+        """The variants `workload` runs under this config, in run order."""
+        own = WORKLOAD_VARIANTS[workload]
+        if self.variants is None:
+            return own
+        return tuple(name for name in own if name in self.variants)

@@ -15,12 +15,38 @@ import math
 import statistics
 from typing import Any
 
-# Baselines of the ratio columns: (summary key, variant).
-BASELINES = (
-    ("x_handwritten", "handwritten"),
-    ("x_keras_fit", "keras_fit"),
-    ("x_handwritten_eager", "handwritten_eager"),
+
+@dataclasses.dataclass(frozen=True)
+class RatioColumn:
+    """A table column: each variant's median step time over a baseline's.
+
+    Attributes:
+        key: The summary key (`summary[key]` in the results).
+        label: The column header.
+        baseline: The variant divided by.
+        eager_only: Shown only for eager variants (the others would compare
+            a graph step with an eager one).
+    """
+
+    key: str
+    label: str
+    baseline: str
+    eager_only: bool = False
+
+
+_CLASSIFIER_COLUMNS = (
+    RatioColumn("x_handwritten", "x handwr", "handwritten"),
+    RatioColumn("x_keras_fit", "x fit", "keras_fit"),
+    RatioColumn("x_handwritten_eager", "x hw_eag", "handwritten_eager", eager_only=True),
+    RatioColumn("x_data_only", "x data", "data_only"),
 )
+# The ratio columns of each workload's table.
+COLUMNS = {
+    "mlp": _CLASSIFIER_COLUMNS,
+    "cnn": _CLASSIFIER_COLUMNS,
+    "linear": (RatioColumn("x_eager", "x eager", "eager"), RatioColumn("x_torch", "x torch", "torch_eager")),
+    "simclr": (RatioColumn("x_keras_fit", "x fit", "keras_fit"),),
+}
 _MEASURES = ("steady_step_s", "steady_cpu_step_s", "steady_epoch_s", "first_epoch_s", "total_s", "steal_s")
 
 
@@ -49,21 +75,28 @@ class Target:
         return ratio < self.max_ratio if self.strict else ratio <= self.max_ratio
 
 
-# The issue's targets; they are stated for the MLP workload.
-TARGETS = (
+# The performance goals, per workload.
+MLP_TARGETS = (
     Target(
         "graph_vs_handwritten",
-        "Trainer steps_per_loop=1 (graph) within 5% of the hand-written tf.function loop",
+        "Trainer graph (steps_per_loop=1) within 5% of the hand-written tf.function loop",
         "graph",
         "handwritten",
         1.05,
     ),
     Target(
-        "graph_loop_vs_keras_fit",
-        "Trainer steps_per_loop=k (graph_loop) at most 0.6x keras_fit",
+        "xla_vs_handwritten_xla",
+        "Trainer XLA within 5% of the hand-written XLA loop",
+        "xla",
+        "handwritten_xla",
+        1.05,
+    ),
+    Target(
+        "graph_loop_vs_handwritten_loop",
+        "Trainer steps_per_loop=k within 5% of the hand-written k-steps-per-call loop",
         "graph_loop",
-        "keras_fit",
-        0.60,
+        "handwritten_loop",
+        1.05,
     ),
     Target(
         "eager_vs_handwritten_eager",
@@ -71,6 +104,20 @@ TARGETS = (
         "eager",
         "handwritten_eager",
         1.05,
+    ),
+    Target(
+        "graph_loop_vs_keras_fit",
+        "Trainer steps_per_loop=k at most 0.6x keras_fit",
+        "graph_loop",
+        "keras_fit",
+        0.60,
+    ),
+    Target(
+        "graph_loop_vs_data_only",
+        "Trainer steps_per_loop=k at most 1.3x the bare input pipeline",
+        "graph_loop",
+        "data_only",
+        1.30,
     ),
     Target(
         "timing_overhead",
@@ -81,7 +128,14 @@ TARGETS = (
         strict=True,
     ),
 )
-TARGET_WORKLOAD = "mlp"
+TARGETS = {
+    "mlp": MLP_TARGETS,
+    "cnn": (
+        Target("graph_vs_keras_fit", "Trainer (graph) no slower than keras fit", "graph", "keras_fit", 1.00),
+    ),
+    "linear": (),
+    "simclr": (),
+}
 
 
 def spread(values: list[float | None]) -> dict[str, float | None]:
@@ -122,7 +176,7 @@ def _paired_ratios(variants: dict[str, Any], name: str, baseline: str) -> list[f
     return ratios
 
 
-def evaluate_targets(variants: dict[str, Any], targets: tuple[Target, ...] = TARGETS) -> list[dict[str, Any]]:
+def evaluate_targets(variants: dict[str, Any], targets: tuple[Target, ...]) -> list[dict[str, Any]]:
     """Checks each target against measured summaries.
 
     Args:
@@ -164,19 +218,21 @@ def add_summaries(workload_result: dict[str, Any]) -> dict[str, Any]:
     """Adds each variant's `summary` (spreads and ratios) and the workload's `targets`.
 
     Args:
-        workload_result: One workload's results with `variants[name]["runs"]`.
+        workload_result: One workload's results: its `name` and
+            `variants[name]["runs"]`.
 
     Returns:
         The same dict, updated in place.
     """
+    name = workload_result["name"]
     variants = workload_result["variants"]
     for variant in variants.values():
         variant["summary"] = summarize_runs(variant["runs"])
     for variant in variants.values():
         step = variant["summary"]["steady_step_s"]["median"]
-        for key, baseline in BASELINES:
-            variant["summary"][key] = ratio(step, _median_step(variants, baseline))
-    workload_result["targets"] = evaluate_targets(variants)
+        for column in COLUMNS.get(name, ()):
+            variant["summary"][column.key] = ratio(step, _median_step(variants, column.baseline))
+    workload_result["targets"] = evaluate_targets(variants, TARGETS.get(name, ()))
     return workload_result
 
 
@@ -198,47 +254,71 @@ def format_table(workload_result: dict[str, Any], repeats: int, epochs: int) -> 
         The table, target lines included.
     """
     result = workload_result
+    columns = COLUMNS.get(result["name"], ())
+    validated = any(variant.get("validation") for variant in result["variants"].values())
+    check = f"; {result['num_val']:,} validation examples for an untimed check" if validated else ""
+    looped = [name for name in result["variants"] if name.endswith("_loop") or name == "keras_fit_spe"]
+    k_text = f", k = {result['steps_per_loop']} steps per call for {', '.join(looped)}" if looped else ""
     lines = [
         f"== {result['name']}: {result['description']}",
-        f"   {result['num_train']:,} train examples (synthetic, in memory; {result['num_val']:,} validation "
-        f"examples for an untimed check), batch {result['batch_size']}, {result['steps_per_epoch']} "
-        f"steps/epoch, {result['num_params']:,} parameters",
+        f"   {result['num_train']:,} train examples ({result.get('data', 'synthetic, in memory')}{check}), "
+        f"batch {result['batch_size']}, {result['steps_per_epoch']} steps/epoch{k_text}, "
+        f"{result['num_params']:,} weights",
         f"   {epochs} epochs per run, training only; 'first ep' includes tracing; 'steady' = median of "
         f"epochs 2..{epochs}; {repeats} alternating repeat(s): median [min-max]; ratios are of median "
         "wall ms/step; 'cpu ms/step' is process CPU time (all threads) per step",
     ]
     header = (
         f"{'variant':<19}{'steps/ep':>9}{'first ep s':>11}{'steady ep s':>12}  {'ms/step median [min-max]':<27}"
-        f"{'x handwr':>9}{'x fit':>7}{'x hw_eag':>9}{'cpu ms/step':>12}{'val_loss':>9}"
+        + "".join(f"{column.label:>9}" for column in columns)
+        + f"{'cpu ms/step':>12}{'val_loss':>9}"
     )
     lines += [header, "-" * len(header)]
     any_eager = False
+    notes = []
     for name, variant in result["variants"].items():
+        label = name + ("*" if variant["eager"] else "")
+        if variant.get("skipped"):
+            lines.append(f"{label:<19}  skipped: {variant['skipped']}")
+            continue
         summary = variant["summary"]
         step = summary["steady_step_s"]
         step_text = f"{_fmt(step['median'], '.3f', 1e3)} [{_fmt(step['min'], '.3f', 1e3)}-{_fmt(step['max'], '.3f', 1e3)}]"
-        label = name + ("*" if variant["eager"] else "")
         any_eager = any_eager or variant["eager"]
         validation = variant.get("validation") or {}
+        ratios = "".join(
+            f"{_fmt(None if column.eager_only and not variant['eager'] else summary.get(column.key), '.2f'):>9}"
+            for column in columns
+        )
         lines.append(
             f"{label:<19}{variant['steps_per_epoch']:>9}{_fmt(summary['first_epoch_s']['median'], '.2f'):>11}"
-            f"{_fmt(summary['steady_epoch_s']['median'], '.3f'):>12}  {step_text:<27}"
-            f"{_fmt(summary['x_handwritten'], '.2f'):>9}{_fmt(summary['x_keras_fit'], '.2f'):>7}"
-            f"{_fmt(summary['x_handwritten_eager'] if variant['eager'] else None, '.2f'):>9}"
+            f"{_fmt(summary['steady_epoch_s']['median'], '.3f'):>12}  {step_text:<27}{ratios}"
             f"{_fmt(summary['steady_cpu_step_s']['median'], '.3f', 1e3):>12}"
             f"{_fmt(validation.get('val_loss'), '.4f'):>9}"
         )
+        notes += _checkpoint_notes(name, variant)
     if any_eager:
-        lines.append(
-            "* eager variants run fewer steps per epoch (steps/ep); compare them per step (ms/step, x hw_eag)."
-        )
-    note = (
-        "" if result["name"] == TARGET_WORKLOAD else f" (stated for {TARGET_WORKLOAD}; shown for reference)"
-    )
-    lines.append(f"Targets{note}:")
-    for target in result["targets"]:
-        lines.append("  " + format_target(target))
+        lines.append("* eager: may run fewer steps per epoch (steps/ep, --eager_steps); compare per step (ms/step).")
+    lines += notes
+    if result["targets"]:
+        lines.append("Targets:")
+        for target in result["targets"]:
+            lines.append("  " + format_target(target))
     return "\n".join(lines)
+
+
+def _checkpoint_notes(name: str, variant: dict[str, Any]) -> list[str]:
+    """A line on the checkpoint saves of a run that saved (`graph_checkpoint`)."""
+    saves = [run for run in variant["runs"] if (run.get("timing") or {}).get("checkpoint_saves")]
+    if not saves:
+        return []
+    medians = [run["timing"]["checkpoint_save_median_s"] for run in saves]
+    every = saves[0].get("notes", {}).get("checkpoint_every_steps")
+    return [
+        f"{name}: saved every {every} steps, {saves[0]['timing']['checkpoint_saves']} saves per run; "
+        f"median seconds per save {_fmt(statistics.median(medians), '.4f')} "
+        f"[{_fmt(min(medians), '.4f')}-{_fmt(max(medians), '.4f')}] over repeats"
+    ]
 
 
 def format_target(target: dict[str, Any]) -> str:
@@ -277,7 +357,34 @@ def format_report(results: dict[str, Any]) -> str:
     for workload_result in results["workloads"].values():
         lines.append(format_table(workload_result, config["repeats"], config["epochs"]))
         lines.append("")
+    lines += format_overview(results)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def format_overview(results: dict[str, Any]) -> list[str]:
+    """The final table: every performance goal of the run, one line each."""
+    rows = [
+        (name, target)
+        for name, workload_result in results["workloads"].items()
+        for target in workload_result.get("targets", [])
+    ]
+    if not rows:
+        return []
+    lines = ["== goals", f"{'workload':<9}{'ratio':<33}{'target':>9}{'measured':>10}  result"]
+    for name, target in rows:
+        comparison = "<" if target["strict"] else "<="
+        if target["met"] is None:
+            measured, status = "-", "NOT RUN"
+        else:
+            measured = f"{target['ratio']:.3f}"
+            status = "MET" if target["met"] else "MISSED"
+            if target.get("conclusive") is False:
+                status += " (inconclusive: noise exceeds the margin)"
+        lines.append(
+            f"{name:<9}{target['variant'] + '/' + target['baseline']:<33}"
+            f"{comparison + ' ' + format(target['max_ratio'], '.2f'):>9}{measured:>10}  {status}"
+        )
+    return lines
 
 
 def write_json(results: dict[str, Any], path: str) -> None:

@@ -10,6 +10,7 @@ is not under-counted.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,15 +29,18 @@ class RunOptions:
 
     Attributes:
         epochs: Epochs per run; the first one includes tracing/compiling.
-        steps_per_loop: `k` for `graph_loop` (Trainer `steps_per_loop`) and
-            `keras_fit_spe` (Keras `steps_per_execution`).
+        steps_per_loop: `k` of the k-steps-per-call variants (`graph_loop`,
+            `xla_loop`, `handwritten_loop`, Keras `steps_per_execution`).
         eager_steps: Steps per epoch for the eager variants (they are slow);
             None or 0 means full epochs. Capped at the steps in one pass.
+        checkpoint_every_steps: How often `graph_checkpoint` saves; None
+            means four times per epoch.
     """
 
     epochs: int = 2
     steps_per_loop: int = 20
     eager_steps: int | None = 100
+    checkpoint_every_steps: int | None = None
 
 
 @dataclasses.dataclass
@@ -78,12 +82,25 @@ class Variant:
         description: One line for the report.
         run: The runner.
         eager: Runs eagerly, so it trains `eager_steps` steps per epoch.
+        requires: A module the variant needs that tftrain does not depend on
+            (the variant is skipped, with a note, when it is missing).
     """
 
     name: str
     description: str
     run: Runner
     eager: bool = False
+    requires: str | None = None
+
+    def missing_requirement(self) -> str | None:
+        """Why the variant cannot run here (a missing optional package), or None."""
+        if self.requires is None:
+            return None
+        import importlib.util
+
+        if importlib.util.find_spec(self.requires) is None:
+            return f"{self.requires} is not installed (optional: pip install {self.requires})"
+        return None
 
 
 class EpochClock:
@@ -125,15 +142,6 @@ class EpochTimer(keras.callbacks.Callback):
         self.last_logs = dict(logs or {})
 
 
-def _compile_args() -> dict[str, Any]:
-    """Fresh Adam (default settings), loss on logits and accuracy, as every variant uses."""
-    return dict(
-        optimizer=keras.optimizers.Adam(),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-
-
 def eager_steps_per_epoch(data: WorkloadData, options: RunOptions) -> int:
     """Steps per epoch of the eager variants."""
     if not options.eager_steps:
@@ -151,10 +159,20 @@ def _train_data(data: WorkloadData, steps: int) -> tf.data.Dataset:
 
 
 def _run_trainer(
-    data: WorkloadData, options: RunOptions, *, eager: bool = False, **trainer_options
+    data: WorkloadData,
+    options: RunOptions,
+    *,
+    eager: bool = False,
+    notes: dict[str, Any] | None = None,
+    **trainer_options,
 ) -> RunResult:
     model = data.fresh_model()
-    trainer = Trainer(model, **_compile_args(), **trainer_options)
+    compile_args = data.workload.compile_args()
+    if data.workload.compiled_by_model:
+        model.compile(**compile_args)
+        trainer = Trainer(model, **trainer_options)
+    else:
+        trainer = Trainer(model, **compile_args, **trainer_options)
     steps = eager_steps_per_epoch(data, options) if eager else data.steps_per_epoch
     epoch_timer = EpochTimer()
     start = time.perf_counter()
@@ -167,7 +185,7 @@ def _run_trainer(
         steps_per_epoch=steps,
         final_loss=epoch_timer.last_logs.get("loss"),
         timing=trainer.timing.to_dict() if trainer.timing is not None else None,
-        notes={"engine": trainer.options.name, "measure_timing": trainer.measure_timing},
+        notes={"engine": trainer.options.name, "measure_timing": trainer.measure_timing, **(notes or {})},
         model=model,
     )
 
@@ -192,16 +210,43 @@ def run_graph_loop(data: WorkloadData, options: RunOptions) -> RunResult:
     return _run_trainer(data, options, steps_per_loop=options.steps_per_loop)
 
 
+def run_xla_loop(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`tftrain.Trainer(jit_compile=True, steps_per_loop=k)`."""
+    return _run_trainer(data, options, jit_compile=True, steps_per_loop=options.steps_per_loop)
+
+
 def run_trainer_no_timing(data: WorkloadData, options: RunOptions) -> RunResult:
     """`tftrain.Trainer(measure_timing=False)` (otherwise as `graph`)."""
     return _run_trainer(data, options, measure_timing=False)
+
+
+def checkpoint_every(data: WorkloadData, options: RunOptions) -> int:
+    """Steps between the saves of `graph_checkpoint`: as asked, else four saves per epoch."""
+    return options.checkpoint_every_steps or max(1, data.steps_per_epoch // 4)
+
+
+def run_graph_checkpoint(data: WorkloadData, options: RunOptions) -> RunResult:
+    """`tftrain.Trainer(model_dir=..., checkpoint_every_steps=N)` (otherwise as `graph`).
+
+    A fresh temporary `model_dir` per run (removed afterwards), so no run
+    resumes from another; the Trainer's timing report has the save times.
+    """
+    every = checkpoint_every(data, options)
+    with tempfile.TemporaryDirectory(prefix="tftrain-bench-") as model_dir:
+        return _run_trainer(
+            data,
+            options,
+            model_dir=model_dir,
+            checkpoint_every_steps=every,
+            notes={"checkpoint_every_steps": every},
+        )
 
 
 def _run_keras_fit(
     data: WorkloadData, options: RunOptions, *, steps_per_execution: int = 1, timing: bool = False
 ) -> RunResult:
     model = data.fresh_model()
-    compile_args = _compile_args()
+    compile_args = data.workload.compile_args()
     if steps_per_execution != 1:
         compile_args["steps_per_execution"] = steps_per_execution
     model.compile(**compile_args)
@@ -242,12 +287,24 @@ def run_keras_fit_timing(data: WorkloadData, options: RunOptions) -> RunResult:
     return _run_keras_fit(data, options, timing=True)
 
 
-def _run_handwritten(data: WorkloadData, options: RunOptions, *, use_tf_function: bool) -> RunResult:
-    """The classic loop: GradientTape, `apply_gradients`, metrics, `for x, y in ds`."""
+def _run_handwritten(
+    data: WorkloadData,
+    options: RunOptions,
+    *,
+    use_tf_function: bool,
+    jit_compile: bool = False,
+    steps_per_call: int = 1,
+) -> RunResult:
+    """The classic loop: GradientTape, `apply_gradients`, metrics, `for x, y in ds`.
+
+    With `steps_per_call=k`, a `tf.function` runs k steps per call, each
+    reading its batch from the iterator inside the graph (`tf.range`).
+    """
     model = data.fresh_model()
-    optimizer = keras.optimizers.Adam()
+    compile_args = data.workload.compile_args()
+    optimizer = compile_args["optimizer"]
     optimizer.build(model.trainable_variables)  # as Keras and the Trainer do before the first trace
-    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss_object = compile_args["loss"]
     train_loss = keras.metrics.Mean(name="loss")
     train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
 
@@ -260,8 +317,15 @@ def _run_handwritten(data: WorkloadData, options: RunOptions, *, use_tf_function
         train_loss.update_state(loss)
         train_accuracy.update_state(y, predictions)
 
-    if use_tf_function:
-        train_step = tf.function(train_step)
+    def train_loop(iterator, steps):
+        for _ in tf.range(steps):
+            x, y = next(iterator)
+            train_step(x, y)
+
+    if steps_per_call > 1:
+        train_loop = tf.function(train_loop, jit_compile=False)
+    elif use_tf_function:
+        train_step = tf.function(train_step, jit_compile=jit_compile)
     steps = data.steps_per_epoch if use_tf_function else eager_steps_per_epoch(data, options)
     train_data = _train_data(data, steps)
     clock = EpochClock()
@@ -271,14 +335,27 @@ def _run_handwritten(data: WorkloadData, options: RunOptions, *, use_tf_function
         train_loss.reset_state()
         train_accuracy.reset_state()
         clock.start()
-        for x, y in train_data:
-            train_step(x, y)
+        if steps_per_call > 1:
+            iterator = iter(train_data)
+            full_calls, rest = divmod(steps, steps_per_call)
+            # The count as a tensor: one trace for every count.
+            for _ in range(full_calls):
+                train_loop(iterator, tf.constant(steps_per_call))
+            if rest:
+                train_loop(iterator, tf.constant(rest))
+        else:
+            for x, y in train_data:
+                train_step(x, y)
         final_loss = float(train_loss.result())  # host sync
         clock.stop()
     total = time.perf_counter() - start
-    notes = {}
-    if use_tf_function:
+    notes: dict[str, Any] = {}
+    if steps_per_call > 1:
+        notes["trace_count"] = int(train_loop.experimental_get_tracing_count())
+        notes["steps_per_call"] = steps_per_call
+    elif use_tf_function:
         notes["trace_count"] = int(train_step.experimental_get_tracing_count())
+        notes["jit_compile"] = jit_compile
     return RunResult(
         total_s=total,
         epoch_s=clock.wall_s,
@@ -295,9 +372,78 @@ def run_handwritten(data: WorkloadData, options: RunOptions) -> RunResult:
     return _run_handwritten(data, options, use_tf_function=True)
 
 
+def run_handwritten_xla(data: WorkloadData, options: RunOptions) -> RunResult:
+    """The hand-written loop with `@tf.function(jit_compile=True)`."""
+    return _run_handwritten(data, options, use_tf_function=True, jit_compile=True)
+
+
+def run_handwritten_loop(data: WorkloadData, options: RunOptions) -> RunResult:
+    """The hand-written loop with k steps per `tf.function` call (`for _ in tf.range(k)`)."""
+    return _run_handwritten(data, options, use_tf_function=True, steps_per_call=options.steps_per_loop)
+
+
 def run_handwritten_eager(data: WorkloadData, options: RunOptions) -> RunResult:
     """The same hand-written loop without `tf.function`."""
     return _run_handwritten(data, options, use_tf_function=False)
+
+
+def run_torch_eager(data: WorkloadData, options: RunOptions) -> RunResult:
+    """The same model, data and SGD step in PyTorch (eager, its normal mode); `linear` only.
+
+    The PyTorch model starts from the Keras initial weights and reads the same
+    batches (converted to tensors before the clock starts); afterwards its
+    weights are copied into a Keras model, so the untimed check evaluates
+    both frameworks with the same code.
+    """
+    import torch  # optional: the variant is skipped when it is missing
+
+    model = data.fresh_model()
+    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    if len(dense) != len(model.layers):
+        raise ValueError(f"torch_eager needs a stack of Dense layers; {data.workload.name} is not one.")
+    compile_args = data.workload.compile_args()
+    if not isinstance(compile_args["optimizer"], keras.optimizers.SGD) or not isinstance(
+        compile_args["loss"], keras.losses.MeanSquaredError
+    ):
+        raise ValueError(f"torch_eager mirrors plain SGD on the squared error; {data.workload.name} is not that.")
+    linears = []
+    for layer in dense:
+        kernel, bias = (variable.numpy() for variable in layer.weights)
+        linear = torch.nn.Linear(kernel.shape[0], kernel.shape[1])
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(kernel.T.copy()))
+            linear.bias.copy_(torch.from_numpy(bias))
+        linears.append(linear)
+    torch_model = torch.nn.Sequential(*linears)
+    optimizer = torch.optim.SGD(torch_model.parameters(), lr=float(compile_args["optimizer"].learning_rate))
+    loss_fn = torch.nn.MSELoss()
+    batches = [(torch.from_numpy(x.numpy()), torch.from_numpy(y.numpy())) for x, y in data.train]
+    clock = EpochClock()
+    final_loss = None
+    start = time.perf_counter()
+    for _ in range(options.epochs):
+        clock.start()
+        loss_sum = torch.zeros(())
+        for x, y in batches:
+            optimizer.zero_grad()
+            loss = loss_fn(torch_model(x), y)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach()
+        final_loss = float(loss_sum) / len(batches)
+        clock.stop()
+    total = time.perf_counter() - start
+    for layer, linear in zip(dense, linears, strict=True):
+        layer.set_weights([linear.weight.detach().numpy().T, linear.bias.detach().numpy()])
+    return RunResult(
+        total_s=total,
+        epoch_s=clock.wall_s,
+        epoch_cpu_s=clock.cpu_s,
+        steps_per_epoch=len(batches),
+        final_loss=final_loss,
+        notes={"torch": torch.__version__, "torch_threads": torch.get_num_threads()},
+        model=model,
+    )
 
 
 def run_data_only(data: WorkloadData, options: RunOptions) -> RunResult:
@@ -317,27 +463,6 @@ def run_data_only(data: WorkloadData, options: RunOptions) -> RunResult:
     )
 
 
-def evaluate(model: keras.Model, dataset: tf.data.Dataset) -> dict[str, float]:
-    """Untimed check of a trained model: mean loss and accuracy over `dataset`.
-
-    Args:
-        model: A trained model (logits out).
-        dataset: Batches of `(images, labels)`.
-
-    Returns:
-        `{"val_loss": ..., "val_accuracy": ...}` as Python floats.
-    """
-    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    mean_loss = keras.metrics.Mean()
-    accuracy = keras.metrics.SparseCategoricalAccuracy()
-
-    for x, y in dataset:  # eagerly: a few forward passes, no tracing
-        logits = model(x, training=False)
-        mean_loss.update_state(loss_object(y, logits), sample_weight=tf.cast(tf.shape(y)[0], tf.float32))
-        accuracy.update_state(y, logits)
-    return {"val_loss": float(mean_loss.result()), "val_accuracy": float(accuracy.result())}
-
-
 # Ordered so that compared variants run next to each other.
 VARIANTS: dict[str, Variant] = {
     variant.name: variant
@@ -345,8 +470,18 @@ VARIANTS: dict[str, Variant] = {
         Variant("handwritten", "hand-written loop, @tf.function train_step(x, y)", run_handwritten),
         Variant("graph", "Trainer, tf.function, steps_per_loop=1 (default)", run_graph),
         Variant("trainer_no_timing", "Trainer(measure_timing=False), otherwise graph", run_trainer_no_timing),
+        Variant(
+            "graph_checkpoint",
+            "Trainer(model_dir=..., checkpoint_every_steps=N): checkpoints and TensorBoard files",
+            run_graph_checkpoint,
+        ),
+        Variant("handwritten_xla", "hand-written loop, @tf.function(jit_compile=True)", run_handwritten_xla),
         Variant("xla", "Trainer(jit_compile=True)", run_xla),
+        Variant(
+            "handwritten_loop", "hand-written loop, k steps per tf.function call (tf.range)", run_handwritten_loop
+        ),
         Variant("graph_loop", "Trainer(steps_per_loop=k)", run_graph_loop),
+        Variant("xla_loop", "Trainer(jit_compile=True, steps_per_loop=k)", run_xla_loop),
         Variant("keras_fit", "model.fit, default compile settings", run_keras_fit),
         Variant("keras_fit_spe", "model.fit, compile(steps_per_execution=k)", run_keras_fit_spe),
         Variant(
@@ -356,6 +491,7 @@ VARIANTS: dict[str, Variant] = {
             "handwritten_eager", "hand-written loop without tf.function", run_handwritten_eager, eager=True
         ),
         Variant("eager", "Trainer(use_tf_function=False)", run_eager, eager=True),
+        Variant("torch_eager", "the same model and SGD step in PyTorch (eager)", run_torch_eager, requires="torch"),
         Variant("data_only", "iterate the input pipeline only, no model", run_data_only),
     ]
 }

@@ -16,11 +16,19 @@ from tftrain.bench import report, runners, workloads
 from tftrain.bench.config import BenchmarkConfig
 
 
-def run_options(config: BenchmarkConfig) -> runners.RunOptions:
-    """The per-run options of a config."""
+def run_options(config: BenchmarkConfig, workload: workloads.Workload) -> runners.RunOptions:
+    """The per-run options of a config for one workload (its own `k` unless the config sets one)."""
     return runners.RunOptions(
-        epochs=config.epochs, steps_per_loop=config.steps_per_loop, eager_steps=config.eager_steps or None
+        epochs=config.epochs,
+        steps_per_loop=config.steps_per_loop or workload.steps_per_loop,
+        eager_steps=config.eager_steps or None,
+        checkpoint_every_steps=config.checkpoint_every_steps,
     )
+
+
+def model_options(config: BenchmarkConfig, workload: workloads.Workload) -> dict[str, Any]:
+    """Keywords for a workload's `build_model` under a config."""
+    return {"width_multiplier": config.simclr_width} if workload.name == "simclr" else {}
 
 
 def sizes(config: BenchmarkConfig, workload: workloads.Workload) -> tuple[int, int]:
@@ -118,7 +126,6 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
         plus the performance targets); see `report`.
     """
     say = progress or (lambda line: None)
-    options = run_options(config)
     results: dict[str, Any] = {
         "config": {
             key: list(value) if isinstance(value, tuple) else value
@@ -129,6 +136,7 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
     }
     for name in config.workloads:
         workload = workloads.WORKLOADS[name]
+        options = run_options(config, workload)
         num_train, num_val = sizes(config, workload)
         say(f"[{name}] preparing {num_train:,} train / {num_val:,} validation synthetic examples")
         data = workloads.prepare(
@@ -138,20 +146,28 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
             batch_size=config.batch_size,
             seed=config.seed,
             autotune=config.autotune,
+            model_options=model_options(config, workload),
         )
         variant_results: dict[str, dict[str, Any]] = {}
-        for variant_name in config.variants:
+        runnable = []
+        for variant_name in config.variants_for(name):
             variant = runners.VARIANTS[variant_name]
             steps = runners.eager_steps_per_epoch(data, options) if variant.eager else data.steps_per_epoch
+            skipped = variant.missing_requirement()
             variant_results[variant_name] = {
                 "description": variant.description,
                 "eager": variant.eager,
                 "steps_per_epoch": steps,
                 "runs": [],
                 "validation": None,
+                "skipped": skipped,
             }
+            if skipped:
+                say(f"[{name}] skipping {variant_name}: {skipped}")
+            else:
+                runnable.append(variant_name)
         for repeat in range(config.repeats):
-            for variant_name in rotated(config.variants, repeat):
+            for variant_name in rotated(runnable, repeat):
                 variant = runners.VARIANTS[variant_name]
                 steal_before = _steal_seconds()
                 result = variant.run(data, options)
@@ -160,15 +176,17 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
                 if steal_before is not None and steal_after is not None:
                     record["steal_s"] = steal_after - steal_before
                 variant_results[variant_name]["runs"].append(record)
-                if config.validate and repeat == 0 and result.model is not None:
-                    variant_results[variant_name]["validation"] = runners.evaluate(result.model, data.val)
+                if config.validate and repeat == 0 and result.model is not None and workload.evaluate:
+                    variant_results[variant_name]["validation"] = workload.evaluate(result.model, data.val)
                 say(_progress_line(name, repeat, config.repeats, variant_name, record))
         workload_result = {
             "name": name,
             "description": workload.description,
             "num_train": num_train,
             "num_val": num_val,
-            "batch_size": config.batch_size,
+            "data": workload.data_description,
+            "batch_size": data.batch_size,
+            "steps_per_loop": options.steps_per_loop,
             "steps_per_epoch": data.steps_per_epoch,
             "num_params": data.num_params(),
             "variants": variant_results,
