@@ -69,6 +69,8 @@ def test_every_variant_runs_and_reports(tiny_results):
         }
         if name == "data_only":
             assert run["final_loss"] is None and variant["validation"] is None
+        elif name == "step_only":  # trained on one batch: nothing to validate
+            assert math.isfinite(run["final_loss"]) and variant["validation"] is None
         else:
             assert math.isfinite(run["final_loss"]), name
             assert set(variant["validation"]) == {"val_loss", "val_accuracy"}
@@ -112,6 +114,7 @@ def test_trainer_timing_is_recorded(tiny_results):
     assert checkpointed["timing"]["checkpoint_saves"] == 6
     assert checkpointed["timing"]["checkpoint_save_median_s"] > 0
     assert graph_timing["checkpoint_saves"] == 0
+    assert variants["step_only"]["runs"][0]["notes"]["trace_count"] == 1
 
 
 def test_report_and_json_render(tiny_results, tmp_path):
@@ -122,6 +125,14 @@ def test_report_and_json_render(tiny_results, tmp_path):
     assert "Targets:" in text and "x handwr" in text and "x data" in text
     assert "graph_checkpoint: saved every 1 steps, 6 saves per run" in text
     assert "== goals" in text and "graph_loop/data_only" in text
+    floor = results["workloads"]["mlp"]["floor"]
+    variants = results["workloads"]["mlp"]["variants"]
+    assert floor["data_plus_step_s"] == pytest.approx(
+        variants["data_only"]["summary"]["steady_step_s"]["median"]
+        + variants["step_only"]["summary"]["steady_step_s"]["median"]
+    )
+    assert set(floor["over_floor"]) == {"handwritten_loop", "graph_loop", "keras_fit_spe"}
+    assert "floor of a k-step loop: data_only + step_only = " in text
     path = tmp_path / "results.json"
     report.write_json(results, str(path))
     loaded = json.loads(path.read_text())

@@ -29,6 +29,7 @@ VARIANT_NAMES = (
     "handwritten_eager",
     "eager",
     "torch_eager",
+    "step_only",
     "data_only",
 )
 # The linear workload's XLA loop and PyTorch variants do not apply to the classifiers.

@@ -233,7 +233,27 @@ def add_summaries(workload_result: dict[str, Any]) -> dict[str, Any]:
         for column in COLUMNS.get(name, ()):
             variant["summary"][column.key] = ratio(step, _median_step(variants, column.baseline))
     workload_result["targets"] = evaluate_targets(variants, TARGETS.get(name, ()))
+    workload_result["floor"] = loop_floor(variants)
     return workload_result
+
+
+def loop_floor(variants: dict[str, Any]) -> dict[str, Any] | None:
+    """The least a k-step loop can take per step: reading a batch plus computing a step.
+
+    Returns:
+        `{"data_plus_step_s": ..., "over_floor": {variant: ratio}}` for the
+        k-step loops that ran, or None unless `data_only` and `step_only` ran.
+    """
+    data, step = _median_step(variants, "data_only"), _median_step(variants, "step_only")
+    if data is None or step is None:
+        return None
+    floor = data + step
+    over = {
+        name: ratio(_median_step(variants, name), floor)
+        for name in ("handwritten_loop", "graph_loop", "keras_fit_spe")
+        if _median_step(variants, name) is not None
+    }
+    return {"data_plus_step_s": floor, "over_floor": over}
 
 
 def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
@@ -300,6 +320,13 @@ def format_table(workload_result: dict[str, Any], repeats: int, epochs: int) -> 
     if any_eager:
         lines.append("* eager: may run fewer steps per epoch (steps/ep, --eager_steps); compare per step (ms/step).")
     lines += notes
+    floor = result.get("floor")
+    if floor:
+        over = ", ".join(f"{name} {value:.2f}x" for name, value in floor["over_floor"].items())
+        lines.append(
+            f"floor of a k-step loop: data_only + step_only = {floor['data_plus_step_s'] * 1e3:.3f} ms/step"
+            + (f"; {over} of it" if over else "")
+        )
     if result["targets"]:
         lines.append("Targets:")
         for target in result["targets"]:

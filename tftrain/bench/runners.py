@@ -446,6 +446,48 @@ def run_torch_eager(data: WorkloadData, options: RunOptions) -> RunResult:
     )
 
 
+def run_step_only(data: WorkloadData, options: RunOptions) -> RunResult:
+    """The model's own cost: the hand-written step on one fixed batch, k steps per call, no input pipeline.
+
+    Together with `data_only` this bounds every loop from below: a loop
+    cannot take less than reading its batches plus computing its steps.
+    """
+    model = data.fresh_model()
+    compile_args = data.workload.compile_args()
+    optimizer, loss_object = compile_args["optimizer"], compile_args["loss"]
+    optimizer.build(model.trainable_variables)
+    x, y = next(iter(data.train))
+
+    @tf.function
+    def train_steps(steps):
+        loss = tf.constant(0.0)
+        for _ in tf.range(steps):
+            with tf.GradientTape() as tape:
+                loss = loss_object(y, model(x, training=True))
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    clock = EpochClock()
+    final_loss = None
+    start = time.perf_counter()
+    for _ in range(options.epochs):
+        clock.start()
+        full_calls, rest = divmod(data.steps_per_epoch, options.steps_per_loop)
+        for count in [options.steps_per_loop] * full_calls + ([rest] if rest else []):
+            loss = train_steps(tf.constant(count))
+        final_loss = float(loss)  # host sync
+        clock.stop()
+    return RunResult(
+        total_s=time.perf_counter() - start,
+        epoch_s=clock.wall_s,
+        epoch_cpu_s=clock.cpu_s,
+        steps_per_epoch=data.steps_per_epoch,
+        final_loss=final_loss,
+        notes={"trace_count": int(train_steps.experimental_get_tracing_count())},
+    )
+
+
 def run_data_only(data: WorkloadData, options: RunOptions) -> RunResult:
     """Only iterates the input pipeline (no model): the floor for a Python `for` loop."""
     clock = EpochClock()
@@ -492,6 +534,9 @@ VARIANTS: dict[str, Variant] = {
         ),
         Variant("eager", "Trainer(use_tf_function=False)", run_eager, eager=True),
         Variant("torch_eager", "the same model and SGD step in PyTorch (eager)", run_torch_eager, requires="torch"),
+        Variant(
+            "step_only", "the step alone: k steps per call on one fixed batch, no input pipeline", run_step_only
+        ),
         Variant("data_only", "iterate the input pipeline only, no model", run_data_only),
     ]
 }
