@@ -423,3 +423,9 @@ def test_simclr_step_runs_under_the_trainer_and_model_fit_alike(linear_and_simcl
     assert graph["timing"]["steps"] == 4
     assert simclr["variants"]["graph"]["summary"]["x_keras_fit"] is not None
     assert simclr["targets"] == []
+
+
+def test_call_counts_split_an_epoch_into_k_step_calls():
+    assert runners.call_counts(7, 3) == [3, 3, 1]
+    assert runners.call_counts(6, 3) == [3, 3]
+    assert runners.call_counts(2, 5) == [2]

@@ -287,6 +287,12 @@ def run_keras_fit_timing(data: WorkloadData, options: RunOptions) -> RunResult:
     return _run_keras_fit(data, options, timing=True)
 
 
+def call_counts(steps: int, steps_per_call: int) -> list[int]:
+    """Steps of each call when an epoch of `steps` runs `steps_per_call` at a time (the last call may run fewer)."""
+    full_calls, rest = divmod(steps, steps_per_call)
+    return [steps_per_call] * full_calls + ([rest] if rest else [])
+
+
 def _run_handwritten(
     data: WorkloadData,
     options: RunOptions,
@@ -337,12 +343,8 @@ def _run_handwritten(
         clock.start()
         if steps_per_call > 1:
             iterator = iter(train_data)
-            full_calls, rest = divmod(steps, steps_per_call)
-            # The count as a tensor: one trace for every count.
-            for _ in range(full_calls):
-                train_loop(iterator, tf.constant(steps_per_call))
-            if rest:
-                train_loop(iterator, tf.constant(rest))
+            for count in call_counts(steps, steps_per_call):
+                train_loop(iterator, tf.constant(count))  # a tensor: one trace for every count
         else:
             for x, y in train_data:
                 train_step(x, y)
@@ -473,8 +475,7 @@ def run_step_only(data: WorkloadData, options: RunOptions) -> RunResult:
     start = time.perf_counter()
     for _ in range(options.epochs):
         clock.start()
-        full_calls, rest = divmod(data.steps_per_epoch, options.steps_per_loop)
-        for count in [options.steps_per_loop] * full_calls + ([rest] if rest else []):
+        for count in call_counts(data.steps_per_epoch, options.steps_per_loop):
             loss = train_steps(tf.constant(count))
         final_loss = float(loss)  # host sync
         clock.stop()
