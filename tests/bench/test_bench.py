@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import TIMING_REPORT_KEYS
 
-from tftrain.bench import config, outputs, plot, report, runners, suite, workloads
+from tftrain.bench import config, optional, outputs, plot, report, runners, suite, workloads
 
 TIMING_KEYS = TIMING_REPORT_KEYS
 TRAINER_VARIANTS = {"eager", "graph", "xla", "graph_loop", "trainer_no_timing", "graph_checkpoint"}
@@ -263,8 +263,8 @@ def test_registries_match_the_light_name_lists():
     for own in config.WORKLOAD_VARIANTS.values():
         assert set(own) <= set(config.VARIANT_NAMES) and len(set(own)) == len(own)
     assert set(report.COLUMNS) == set(report.TARGETS) == set(config.WORKLOAD_NAMES)
-    for name, (module, _) in config.OPTIONAL_VARIANTS.items():
-        assert runners.VARIANTS[name].requires == module
+    for name in config.OPTIONAL_VARIANTS:
+        assert runners.VARIANTS[name].unavailable_reason is not None
 
 
 def test_config_defaults_and_validation():
@@ -392,25 +392,46 @@ def test_linear_workload_runs_eager_graph_and_xla_to_the_same_loss(linear_and_si
     assert variants["xla_loop"]["validation"]["val_loss"] == pytest.approx(reference, rel=1e-4)
     assert variants["xla_loop"]["runs"][0]["notes"]["engine"] == "xla+loop2"
     assert variants["graph_loop"]["summary"]["x_eager"] is not None
-    if TORCH_INSTALLED:
-        assert variants["torch_eager"]["skipped"] is None
+    # In this process TensorFlow loaded first: PyTorch is skipped (not installed, or loaded too late).
+    reason = variants["torch_eager"]["skipped"]
+    assert reason == optional.torch_unavailable_reason() and reason.startswith("torch ")
+    assert variants["torch_eager"]["runs"] == []
+    assert any(line.startswith("[linear] skipping torch_eager: torch ") for line in lines)
+    assert "torch_eager          skipped: torch " in report.format_report(results)
+
+
+def test_main_runs_pytorch_side_by_side_when_installed(tmp_path):
+    output = tmp_path / "linear.json"
+    command = [
+        sys.executable,
+        "-m",
+        "tftrain.bench",
+        "--workload=linear",
+        "--variants=graph_loop" + (",torch_eager" if TORCH_INSTALLED else ""),
+        "--num_train=128",
+        "--num_val=32",
+        "--batch_size=64",
+        "--steps_per_loop=2",
+        f"--output={output}",
+    ]
+    process = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, process.stderr[-3000:]
+    variants = json.loads(output.read_text())["workloads"]["linear"]["variants"]
+    if TORCH_INSTALLED:  # same start, batches and SGD step as TensorFlow: the same validation loss
+        reference = variants["graph_loop"]["validation"]["val_loss"]
         assert variants["torch_eager"]["validation"]["val_loss"] == pytest.approx(reference, rel=1e-4)
+        assert variants["torch_eager"]["runs"][0]["notes"]["torch"]
     else:
-        assert variants["torch_eager"]["skipped"].startswith("torch is not installed")
-        assert variants["torch_eager"]["runs"] == []
-        assert any(line.startswith("[linear] skipping torch_eager: torch is not installed") for line in lines)
-        assert "torch_eager          skipped: torch is not installed" in report.format_report(results)
+        assert list(variants) == ["graph_loop"]
 
 
 def test_missing_optional_package_skips_its_variant(monkeypatch):
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
-    )
-    assert runners.VARIANTS["torch_eager"].missing_requirement() == (
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert runners.VARIANTS["torch_eager"].unavailable() == (
         "torch is not installed (optional: pip install torch)"
     )
-    assert runners.VARIANTS["graph"].missing_requirement() is None
+    assert runners.VARIANTS["graph"].unavailable() is None
+    assert optional.preload_torch() is False
 
 
 def test_simclr_step_runs_under_the_trainer_and_model_fit_alike(linear_and_simclr_results):

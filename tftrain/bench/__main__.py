@@ -11,7 +11,7 @@ import sys
 from absl import app, flags
 
 from tftrain.bench import config as config_lib
-from tftrain.bench import outputs
+from tftrain.bench import optional, outputs
 
 _QUICK = flags.DEFINE_bool(
     "quick", False, "A short run: fewer examples and eager steps (see the report), 1 repeat by default."
@@ -105,6 +105,8 @@ def main(argv: list[str]) -> None:
     except (ValueError, ImportError) as error:
         raise app.UsageError(str(error)) from None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+    if any("torch_eager" in config.variants_for(name) for name in config.workloads):
+        optional.preload_torch()  # PyTorch must load before TensorFlow (see tftrain.bench.optional)
     from tftrain.bench import report, suite  # loads TensorFlow, so only after the checks
 
     results = suite.run_benchmark(config, progress=_progress)
@@ -115,12 +117,10 @@ def main(argv: list[str]) -> None:
 
 def _check_requested_optional_variants(config: config_lib.BenchmarkConfig) -> None:
     """A variant named on the command line whose optional package is missing is an error (not a skip)."""
-    import importlib.util
-
     for name in config.variants or ():
         if name in config_lib.OPTIONAL_VARIANTS:
             module, install = config_lib.OPTIONAL_VARIANTS[name]
-            if importlib.util.find_spec(module) is None:
+            if not optional.is_installed(module):
                 raise ValueError(
                     f"--variants={name} needs {module}, which is not installed. Install it ({install}) or "
                     f"leave {name} out (without --variants it is skipped when {module} is missing)."

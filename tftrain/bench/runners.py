@@ -18,6 +18,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain.bench import optional
 from tftrain.bench.workloads import WorkloadData
 from tftrain.timing import Timing
 from tftrain.trainer import Trainer
@@ -82,25 +83,20 @@ class Variant:
         description: One line for the report.
         run: The runner.
         eager: Runs eagerly, so it trains `eager_steps` steps per epoch.
-        requires: A module the variant needs that tftrain does not depend on
-            (the variant is skipped, with a note, when it is missing).
+        unavailable_reason: For a variant that needs an optional package:
+            returns why it cannot run in this process, or None if it can
+            (the variant is skipped, with the reason, when it cannot).
     """
 
     name: str
     description: str
     run: Runner
     eager: bool = False
-    requires: str | None = None
+    unavailable_reason: Callable[[], str | None] | None = None
 
-    def missing_requirement(self) -> str | None:
-        """Why the variant cannot run here (a missing optional package), or None."""
-        if self.requires is None:
-            return None
-        import importlib.util
-
-        if importlib.util.find_spec(self.requires) is None:
-            return f"{self.requires} is not installed (optional: pip install {self.requires})"
-        return None
+    def unavailable(self) -> str | None:
+        """Why the variant cannot run in this process (e.g. a missing optional package), or None."""
+        return None if self.unavailable_reason is None else self.unavailable_reason()
 
 
 class EpochClock:
@@ -397,7 +393,7 @@ def run_torch_eager(data: WorkloadData, options: RunOptions) -> RunResult:
     weights are copied into a Keras model, so the untimed check evaluates
     both frameworks with the same code.
     """
-    import torch  # optional: the variant is skipped when it is missing
+    import torch  # optional: loaded before TensorFlow by python -m tftrain.bench (see `optional`)
 
     model = data.fresh_model()
     dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
@@ -534,7 +530,12 @@ VARIANTS: dict[str, Variant] = {
             "handwritten_eager", "hand-written loop without tf.function", run_handwritten_eager, eager=True
         ),
         Variant("eager", "Trainer(use_tf_function=False)", run_eager, eager=True),
-        Variant("torch_eager", "the same model and SGD step in PyTorch (eager)", run_torch_eager, requires="torch"),
+        Variant(
+            "torch_eager",
+            "the same model and SGD step in PyTorch (eager)",
+            run_torch_eager,
+            unavailable_reason=optional.torch_unavailable_reason,
+        ),
         Variant(
             "step_only", "the step alone: k steps per call on one fixed batch, no input pipeline", run_step_only
         ),

@@ -153,7 +153,7 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
         for variant_name in config.variants_for(name):
             variant = runners.VARIANTS[variant_name]
             steps = runners.eager_steps_per_epoch(data, options) if variant.eager else data.steps_per_epoch
-            skipped = variant.missing_requirement()
+            skipped = variant.unavailable()
             variant_results[variant_name] = {
                 "description": variant.description,
                 "eager": variant.eager,
