@@ -280,7 +280,7 @@ def test_config_defaults_and_validation():
     assert suite.run_options(chosen, workloads.WORKLOADS["linear"]).steps_per_loop == 5
     full = config.BenchmarkConfig(num_train=1_000)
     assert (full.repeats, full.eager_steps) == (3, 100)
-    assert suite.sizes(full, workloads.WORKLOADS["cnn"]) == (1_000, 10_000)
+    assert suite.sizes(full, workloads.WORKLOADS["cnn"]) == (1_000, 2_560)
     with pytest.raises(ValueError, match="epochs=1"):
         config.BenchmarkConfig(epochs=1)
     with pytest.raises(ValueError, match="repeats=0"):
