@@ -78,7 +78,9 @@ def test_every_variant_runs_and_reports(tiny_results):
             assert set(run["timing"]) == TIMING_KEYS, name
     assert mlp["variants"]["eager"]["summary"]["x_handwritten_eager"] is not None
     assert mlp["variants"]["handwritten"]["summary"]["x_handwritten"] == pytest.approx(1.0)
-    assert [t["name"] for t in mlp["targets"]] == [t.name for t in report.MLP_TARGETS]
+    assert [t["name"] for t in mlp["targets"]] == [t.name for t in report.MLP_TARGETS] + ["timing_hooks_direct"]
+    assert 0 < mlp["timing_hook_s"] < 1e-3  # microseconds, not milliseconds
+    assert mlp["targets"][-1]["hook_s"] == mlp["timing_hook_s"]
     assert all(t["met"] in (True, False) for t in mlp["targets"])
 
 
@@ -450,3 +452,12 @@ def test_call_counts_split_an_epoch_into_k_step_calls():
     assert runners.call_counts(7, 3) == [3, 3, 1]
     assert runners.call_counts(6, 3) == [3, 3]
     assert runners.call_counts(2, 5) == [2]
+
+
+def test_timing_hook_goal_from_the_direct_measurement():
+    met = report.timing_hook_target(10e-6, 1e-3)  # 10 us of a 1 ms step
+    assert met["ratio"] == pytest.approx(1e-3 / 0.99e-3) and met["met"] is True
+    missed = report.timing_hook_target(30e-6, 1e-3)
+    assert missed["ratio"] == pytest.approx(1 / 0.97) and missed["met"] is False
+    assert "30.0 us per host call" in report.format_target(missed)
+    assert report.timing_hook_target(10e-6, None)["met"] is None

@@ -233,8 +233,45 @@ def add_summaries(workload_result: dict[str, Any]) -> dict[str, Any]:
         for column in COLUMNS.get(name, ()):
             variant["summary"][column.key] = ratio(step, _median_step(variants, column.baseline))
     workload_result["targets"] = evaluate_targets(variants, TARGETS.get(name, ()))
+    if name == "mlp" and workload_result.get("timing_hook_s") is not None:
+        workload_result["targets"].append(
+            timing_hook_target(workload_result["timing_hook_s"], _median_step(variants, "graph"))
+        )
     workload_result["floor"] = loop_floor(variants)
     return workload_result
+
+
+TIMING_HOOK_TARGET = Target(
+    "timing_hooks_direct",
+    "timing hooks under 2%, measured directly (their work per host call over the graph step without it)",
+    "graph",
+    "graph - timing hooks",
+    1.02,
+    strict=True,
+)
+
+
+def timing_hook_target(hook_s: float, graph_step_s: float | None) -> dict[str, Any]:
+    """The timing goal from the hooks' directly measured cost: `graph / (graph - hooks)`.
+
+    Args:
+        hook_s: Seconds the timing adds per host call (`runners.timing_hook_seconds`).
+        graph_step_s: Median seconds per step of `graph` (one step per call), or None.
+
+    Returns:
+        A target entry like `evaluate_targets`'s, with `hook_s` added.
+    """
+    entry: dict[str, Any] = dataclasses.asdict(TIMING_HOOK_TARGET)
+    value = None if graph_step_s is None else ratio(graph_step_s, graph_step_s - hook_s)
+    entry.update(
+        ratio=value,
+        met=None if value is None else TIMING_HOOK_TARGET.met_by(value),
+        ratio_per_repeat=[],
+        conclusive=None,
+        cpu_ratio=None,
+        hook_s=hook_s,
+    )
+    return entry
 
 
 def loop_floor(variants: dict[str, Any]) -> dict[str, Any] | None:
@@ -361,6 +398,8 @@ def format_target(target: dict[str, Any]) -> str:
     if target.get("conclusive") is False:
         status += ", INCONCLUSIVE"
     cpu = "" if target.get("cpu_ratio") is None else f"; CPU-time ratio {target['cpu_ratio']:.3f}"
+    if target.get("hook_s") is not None:
+        cpu += f"; {target['hook_s'] * 1e6:.1f} us per host call"
     line = (
         f"[{status}] {target['description']}: {target['variant']}/{target['baseline']} = "
         f"{target['ratio']:.3f} (target {comparison} {target['max_ratio']:.2f}{paired}{cpu})"

@@ -191,6 +191,8 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
             "num_params": data.num_params(),
             "variants": variant_results,
         }
+        if "graph" in runnable:
+            workload_result["timing_hook_s"] = runners.timing_hook_seconds()
         workload_result["load_average_1min_after"] = _load_average()
         report.add_summaries(workload_result)
         results["workloads"][name] = workload_result
