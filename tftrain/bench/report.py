@@ -278,8 +278,9 @@ def loop_floor(variants: dict[str, Any]) -> dict[str, Any] | None:
     """The least a k-step loop can take per step: reading a batch plus computing a step.
 
     Returns:
-        `{"data_plus_step_s": ..., "over_floor": {variant: ratio}}` for the
-        k-step loops that ran, or None unless `data_only` and `step_only` ran.
+        A dict with `data_plus_step_s` (seconds per step) and `over_floor`
+        (each k-step loop that ran, mapped to its step time over the floor),
+        or None unless both `data_only` and `step_only` ran.
     """
     data, step = _median_step(variants, "data_only"), _median_step(variants, "step_only")
     if data is None or step is None:

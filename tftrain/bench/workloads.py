@@ -134,7 +134,7 @@ class Workload:
             workload's model options as keywords.
         make_arrays: `(input_shape, num_examples, seed) -> (x, y)`, the data.
         compile_args: Fresh `optimizer`, `loss`, `metrics` for one run.
-        evaluate: `(model, dataset) -> {"val_loss": ...}`, an untimed check
+        evaluate: `(model, dataset) -> dict` with at least `val_loss`: an untimed check
             that a run trained; None for none.
         compiled_by_model: The model's own `train_step` computes the loss, so
             it is `model.compile(**compile_args)`d and given to the Trainer
@@ -373,7 +373,7 @@ def evaluate_classifier(model: keras.Model, dataset: tf.data.Dataset) -> dict[st
         dataset: Batches of `(images, labels)`.
 
     Returns:
-        `{"val_loss": ..., "val_accuracy": ...}` as Python floats.
+        A dict with `val_loss` and `val_accuracy` as Python floats.
     """
     loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     mean_loss = keras.metrics.Mean()
