@@ -148,6 +148,25 @@ def test_apply_policy_keeps_layers_given_another_policy_on_purpose():
     assert keras.backend.standardize_dtype(model(x).dtype) == "float32"
 
 
+def test_apply_policy_keeps_an_explicit_float32_layer_of_a_float32_model():
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    outputs = keras.layers.Dense(3, dtype="float32")(hidden)  # the same name as the model's policy
+    model = keras.Model(inputs, outputs)
+    precision.apply_policy(model, "mixed_bfloat16")
+    x = np.zeros((2, 6), "float32")
+    assert keras.backend.standardize_dtype(model.layers[1](x).dtype) == "bfloat16"
+    assert model.layers[-1].dtype_policy.name == "float32"
+    assert keras.backend.standardize_dtype(model(x).dtype) == "float32"
+
+
+def test_apply_policy_switches_a_model_rebuilt_from_its_config_by_name():
+    model = keras.models.clone_model(make_mlp())  # one policy object per layer
+    assert len({id(layer.dtype_policy) for layer in model.layers}) == len(model.layers)
+    precision.apply_policy(model, "mixed_bfloat16")
+    assert {layer.dtype_policy.name for layer in model.layers} == {"mixed_bfloat16"}
+
+
 def test_apply_policy_refuses_a_model_with_low_precision_variables():
     keras.config.set_dtype_policy("float16")
     model = make_mlp()  # float16 variables

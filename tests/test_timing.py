@@ -245,6 +245,7 @@ def test_trace_counter_wrap_keeps_the_name_and_arguments():
     counter = timing.TraceCounter()
     counted = counter.wrap(double)
     assert counted.__name__ == "double"
+    assert counted.__qualname__ == double.__qualname__  # TensorFlow's retrace warning shows this
 
     def add(a, b):
         return a + b

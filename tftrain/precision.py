@@ -67,9 +67,13 @@ def apply_policy(model: keras.layers.Layer, name: str | None) -> None:
     """Makes `model` compute in the precision of policy `name`, in place.
 
     Every layer with the model's own policy (the global one when it was
-    built), the model included, gets policy `name`; layers given another
-    policy on purpose keep it (a `dtype="float32"` output layer, integer
-    layers). Variables are untouched: float32 under all of `POLICIES`. Step
+    built), the model included, gets policy `name`; layers given a policy
+    on purpose keep it (a `dtype="float32"` output layer, integer layers),
+    also when it has the model's name: Keras gives every layer built without
+    `dtype` the global policy object itself, so a layer with an object of its
+    own chose it. In a model rebuilt from a config (`keras.models.load_model`,
+    `clone_model`) every layer has its own object; there, layers whose
+    policy has the model's name switch. Variables are untouched: float32 under all of `POLICIES`. Step
     functions that `fit`/`evaluate`/`predict` traced are dropped, to be
     traced again. Sublayers created later, in a `build()` that has not run
     yet, take the global policy instead. Outputs stay in the compute dtype
@@ -105,8 +109,17 @@ def apply_policy(model: keras.layers.Layer, name: str | None) -> None:
         for layer in model._flatten_layers(include_self=True, recursive=True)
         if not isinstance(layer, keras.layers.InputLayer)
     ]
-    layers = [layer for layer in sublayers if layer.dtype_policy.name == source.name]
-    kept = {id(v) for layer in sublayers if layer.dtype_policy.name != source.name for v in layer.weights}
+    # Layers built with `dtype=None` share the model's policy object (Keras hands
+    # out the global policy itself); a layer given `dtype="float32"` on purpose
+    # has its own object even when the names match. A model restored from a
+    # config has an object per layer, so there only the names can tell.
+    shared = [layer for layer in sublayers if layer.dtype_policy is source]
+    if len(shared) > 1:
+        layers = shared
+    else:
+        layers = [layer for layer in sublayers if layer.dtype_policy.name == source.name]
+    switched = {id(layer) for layer in layers}
+    kept = {id(v) for layer in sublayers if id(layer) not in switched for v in layer.weights}
     for variable in (v for layer in layers for v in layer.weights if id(v) not in kept):
         if keras.backend.is_float_dtype(variable.dtype) and variable.dtype != "float32":
             raise ValueError(

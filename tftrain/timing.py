@@ -141,7 +141,9 @@ class TraceCounter:
                 self._record(args[0] if len(args) == 1 else args)
             return fn(*args)
 
+        # TensorFlow's own retracing warning names the function by these.
         counted.__name__ = getattr(fn, "__name__", self.name)
+        counted.__qualname__ = getattr(fn, "__qualname__", counted.__name__)
         return counted
 
     @tf.autograph.experimental.do_not_convert

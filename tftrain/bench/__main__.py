@@ -8,7 +8,7 @@ Usage: python -m tftrain.bench [--quick] [--workload=mlp,cnn,linear,simclr] [--r
 import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from tftrain.bench import config as config_lib
 from tftrain.bench import optional, outputs
@@ -105,6 +105,9 @@ def main(argv: list[str]) -> None:
     except (ValueError, ImportError) as error:
         raise app.UsageError(str(error)) from None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+    if not flags.FLAGS["verbosity"].present:
+        # TensorFlow logs each checkpoint save at INFO, which would bury the progress lines.
+        logging.set_verbosity(logging.WARNING)
     if any("torch_eager" in config.variants_for(name) for name in config.workloads):
         optional.preload_torch()  # PyTorch must load before TensorFlow (see tftrain.bench.optional)
     from tftrain.bench import report, suite  # loads TensorFlow, so only after the checks
