@@ -18,6 +18,7 @@ TRAINER_VARIANTS = {"eager", "graph", "xla", "graph_loop", "trainer_no_timing", 
 GRAPH_VARIANTS = [
     "graph",
     "trainer_no_timing",
+    "graph_no_sync",
     "graph_checkpoint",
     "handwritten_loop",
     "graph_loop",
@@ -105,6 +106,7 @@ def test_trainer_timing_is_recorded(tiny_results):
     graph_timing = variants["graph"]["runs"][0]["timing"]
     assert graph_timing["steps"] == 6 and graph_timing["trace_count"] >= 1
     assert variants["trainer_no_timing"]["runs"][0]["timing"]["steps"] == 0  # nothing measured
+    assert variants["graph_no_sync"]["runs"][0]["timing"]["steps"] == 0
     assert variants["graph_loop"]["runs"][0]["notes"]["engine"] == "graph+loop2"
     assert variants["keras_fit_spe"]["runs"][0]["notes"]["steps_per_execution"] == 2
     # The step count goes in as a tensor: one trace despite a 2-step and a 1-step call per epoch.

@@ -17,6 +17,7 @@ VARIANT_NAMES = (
     "handwritten",
     "graph",
     "trainer_no_timing",
+    "graph_no_sync",
     "graph_checkpoint",
     "handwritten_xla",
     "xla",
