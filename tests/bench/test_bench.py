@@ -164,6 +164,9 @@ def test_main_writes_json_and_plot(tmp_path):
     assert image.read_bytes().startswith(b"\x89PNG")
     assert f"Wrote {image}" in process.stdout
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out.json", "out.png"]  # no temporaries
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (image.stat().st_mode & 0o777) == 0o666 & ~umask  # not mkstemp's private 0o600
     results = json.loads(output.read_text())
     assert list(results["workloads"]["mlp"]["variants"]) == ["handwritten", "graph", "graph_checkpoint"]
     assert "Sharding callback" not in process.stderr  # TensorFlow's INFO lines per save stay quiet

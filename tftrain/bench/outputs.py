@@ -70,8 +70,16 @@ def _write_all(writers: list[tuple[str, Callable[[str], None]]]) -> None:
             if os.path.exists(temporary):
                 os.remove(temporary)
         raise
+    mode = 0o666 & ~_umask()  # mkstemp makes files private; give them the usual permissions
     for temporary, path in written:
+        os.chmod(temporary, mode)
         os.replace(temporary, path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_outputs(results: dict[str, Any], json_path: str | None, plot_path: str | None) -> list[str]:

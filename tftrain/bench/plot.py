@@ -9,6 +9,7 @@ pyplot state is touched.
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import IO, Any
 
 PLOT_EXTRA_HINT = 'pip install "tftrain[plot]"  (or: pip install matplotlib)'
@@ -83,12 +84,12 @@ def plot_results(results: dict[str, Any], path: str | IO[bytes], image_format: s
         axes.invert_yaxis()
         if max(medians) / max(min(medians), 1e-12) > 20:
             axes.set_xscale("log")
-        for position, median in zip(positions, medians, strict=True):
-            axes.annotate(
-                f" {median:.3g}", (median, position), va="center", fontsize=8, annotation_clip=False
-            )
+        for position, bar in zip(positions, bars, strict=True):
+            # The label goes right of the whisker, so neither hides the other.
+            text = f" {bar[1]:,.0f}" if bar[1] >= 100 else f" {bar[1]:.3g}"
+            axes.annotate(text, (bar[3], position), va="center", fontsize=8, annotation_clip=False)
         description = results["workloads"][name]["description"]
-        axes.set_title(f"{name}: {description}", fontsize=9, loc="left")
+        axes.set_title(textwrap.shorten(f"{name}: {description}", 95, placeholder=" ..."), fontsize=9, loc="left")
         axes.set_xlabel("ms per training step (median, min-max over repeats; * = eager)")
         axes.margins(x=0.15)
     environment = results.get("environment", {})
