@@ -13,7 +13,15 @@ from helpers import TIMING_REPORT_KEYS
 from tftrain.bench import config, optional, outputs, plot, report, runners, suite, workloads
 
 TIMING_KEYS = TIMING_REPORT_KEYS
-TRAINER_VARIANTS = {"eager", "graph", "xla", "graph_loop", "trainer_no_timing", "graph_checkpoint"}
+TRAINER_VARIANTS = {
+    "eager",
+    "graph",
+    "xla",
+    "graph_loop",
+    "trainer_no_timing",
+    "graph_checkpoint",
+    "graph_no_sync",
+}
 # Same initial weights, same batches, same optimizer: these must end at the same loss.
 GRAPH_VARIANTS = [
     "graph",
@@ -136,7 +144,7 @@ def test_report_and_json_render(tiny_results, tmp_path):
         + variants["step_only"]["summary"]["steady_step_s"]["median"]
     )
     assert set(floor["over_floor"]) == {"handwritten_loop", "graph_loop", "keras_fit_spe"}
-    assert "floor of a k-step loop: data_only + step_only = " in text
+    assert "reference for a k-step loop: data_only + step_only = " in text
     path = tmp_path / "results.json"
     report.write_json(results, str(path))
     loaded = json.loads(path.read_text())
@@ -174,6 +182,9 @@ def test_main_writes_json_and_plot(tmp_path):
     assert len(results["workloads"]["mlp"]["variants"]["graph"]["runs"]) == 2
     assert "Targets:" in process.stdout and "[NOT RUN]" in process.stdout
     assert "[mlp] repeat 2/2 graph" in process.stderr
+    # The second repetition starts one variant further down the list.
+    order = [line.split()[3] for line in process.stderr.splitlines() if line.startswith("[mlp] repeat 2/2")]
+    assert order == ["graph", "graph_checkpoint", "handwritten"]
 
 
 def test_main_rejects_unknown_workload_before_running():

@@ -46,14 +46,17 @@ _EPOCHS = flags.DEFINE_integer(
 _STEPS_PER_LOOP = flags.DEFINE_integer(
     "steps_per_loop",
     None,
-    "k of the *_loop variants and keras_fit_spe (steps_per_execution). Default: each workload's own "
+    "k of the *_loop variants, step_only and keras_fit_spe (steps_per_execution). Default: each workload's own "
     "(20 for mlp/cnn, 10 for linear).",
 )
 _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", None, "Batch size for every chosen workload (default: 128 mlp/cnn, 1024 linear, 64 simclr)."
 )
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
-    "checkpoint_every_steps", None, "How often graph_checkpoint saves (default: four times per epoch)."
+    "checkpoint_every_steps",
+    None,
+    "How often graph_checkpoint saves (default: every steps_per_epoch // 4 steps; the Trainer also saves at "
+    "each epoch end).",
 )
 _SIMCLR_WIDTH = flags.DEFINE_float(
     "simclr_width", 1.0, "Width multiplier of the SimCLR ResNet-18 (1.0 = the standard network)."
@@ -64,10 +67,15 @@ _EAGER_STEPS = flags.DEFINE_integer(
     "Steps per epoch for the eager variants (they are slow); 0 = full epochs. Default 100, or 10 with --quick.",
 )
 _NUM_TRAIN = flags.DEFINE_integer(
-    "num_train", None, "Training examples for every chosen workload (default 60,000; fewer with --quick)."
+    "num_train",
+    None,
+    "Training examples for every chosen workload (default: each workload's own, e.g. 60,000 for mlp; "
+    "fewer with --quick).",
 )
 _NUM_VAL = flags.DEFINE_integer(
-    "num_val", None, "Validation examples for every chosen workload (default 10,000; fewer with --quick)."
+    "num_val",
+    None,
+    "Validation examples for every chosen workload (default: each workload's own; fewer with --quick).",
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for the synthetic data and the initial weights.")
 _AUTOTUNE = flags.DEFINE_bool(

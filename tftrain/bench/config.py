@@ -116,7 +116,8 @@ class BenchmarkConfig:
         batch_size: Batch size; None means each workload's own (128 for the
             classifiers, 1024 for `linear`, 64 pairs of views for `simclr`).
         checkpoint_every_steps: How often `graph_checkpoint` saves; None
-            means four times per epoch.
+            means every `steps_per_epoch // 4` steps (the Trainer also saves
+            at each epoch end).
         simclr_width: Width multiplier of the SimCLR ResNet-18 (1.0 is the
             standard network; smaller only to make tests fast).
         seed: Seed for data and initial weights.

@@ -36,7 +36,8 @@ class RunOptions:
         eager_steps: Steps per epoch for the eager variants (they are slow);
             None or 0 means full epochs. Capped at the steps in one pass.
         checkpoint_every_steps: How often `graph_checkpoint` saves; None
-            means four times per epoch.
+            means every `steps_per_epoch // 4` steps (the Trainer also saves
+            at each epoch end).
     """
 
     epochs: int = 2
@@ -228,7 +229,7 @@ def run_graph_no_sync(data: WorkloadData, options: RunOptions) -> RunResult:
 
 
 def checkpoint_every(data: WorkloadData, options: RunOptions) -> int:
-    """Steps between the saves of `graph_checkpoint`: as asked, else four saves per epoch."""
+    """Steps between the saves of `graph_checkpoint`: as asked, else a quarter epoch (at least 1)."""
     return options.checkpoint_every_steps or max(1, data.steps_per_epoch // 4)
 
 

@@ -114,7 +114,7 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
     `for repeat in range(repeats): for variant in variants: run`, so slow
     drifts of the machine spread over all variants; each repetition starts
     one variant further down the list (`rotated`), so no variant always runs
-    first or right after the same neighbour.
+    first (the cyclic order, and so each variant's neighbours, stay the same).
 
     Args:
         config: What to run.
@@ -191,7 +191,7 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
             "num_params": data.num_params(),
             "variants": variant_results,
         }
-        if "graph" in runnable:
+        if "graph" in runnable and name in report.TIMING_HOOK_WORKLOADS:
             workload_result["timing_hook_s"] = runners.timing_hook_seconds()
         workload_result["load_average_1min_after"] = _load_average()
         report.add_summaries(workload_result)
