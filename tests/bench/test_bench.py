@@ -478,3 +478,23 @@ def test_timing_hook_goal_from_the_direct_measurement():
     assert missed["ratio"] == pytest.approx(1 / 0.97) and missed["met"] is False
     assert "30.0 us per host call" in report.format_target(missed)
     assert report.timing_hook_target(10e-6, None)["met"] is None
+
+
+def test_main_help_lists_every_flag_the_docs_table_names():
+    process = subprocess.run(
+        [sys.executable, "-m", "tftrain.bench", "--helpshort"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Try --helpfull" in process.stdout, process.stderr[-2000:]  # absl exits 1 after help
+    listed = process.stdout.replace("--[no]", "--")
+    table = open(os.path.join(REPO_ROOT, "docs", "benchmarks.md"), encoding="utf-8").read()
+    documented = {name for name in table.split("`--")[1:] for name in [name.split("`")[0].split("=")[0]]}
+    for flag in documented:
+        assert f"--{flag}:" in listed, flag
+    in_help = {line.split(":")[0].strip()[2:] for line in listed.splitlines() if line.startswith("  --")}
+    assert in_help == documented  # the docs' flag table and --help name the same flags
+    for flag in ("workload", "variants", "repeats", "quick", "output", "plot", "seed", "simclr_width"):
+        assert f"--{flag}:" in listed and f"`--{flag}`" in table, flag
