@@ -7,15 +7,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-# Engines every step must run under: (name, Trainer keyword arguments).
-ENGINES = {
-    "eager": dict(use_tf_function=False),
-    "graph": dict(),
-    "xla": dict(jit_compile=True),
-    "loop3": dict(steps_per_loop=3),
-    "xla_loop3": dict(jit_compile=True, steps_per_loop=3),
-}
+from helpers import ENGINES  # noqa: E402
 
 
 @pytest.fixture(params=sorted(ENGINES), ids=sorted(ENGINES))

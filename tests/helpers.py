@@ -3,6 +3,15 @@
 import keras
 import numpy as np
 
+# Engines every step must run under: name -> Trainer keyword arguments.
+ENGINES = {
+    "eager": dict(use_tf_function=False),
+    "graph": dict(),
+    "xla": dict(jit_compile=True),
+    "loop3": dict(steps_per_loop=3),
+    "xla_loop3": dict(jit_compile=True, steps_per_loop=3),
+}
+
 
 def make_mlp(seed: int = 1) -> keras.Model:
     """A small seeded classifier: 6 -> 8 -> 3 logits."""

@@ -3,6 +3,7 @@
 import types
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import make_mlp
@@ -32,12 +33,33 @@ def test_an_optimizer_built_outside_the_scope_is_refused(one_device_mirrored):
         strategy_checks.check_model_in_scope(model, one_device_mirrored)
 
 
-def test_a_model_built_in_a_scope_needs_that_strategy(one_device_mirrored):
+def test_a_model_built_in_a_scope_trains_under_that_strategy(one_device_mirrored):
     with one_device_mirrored.scope():
         model = make_mlp()
+    assert tftrain.Trainer(model).strategy is one_device_mirrored  # as model.fit takes model.distribute_strategy
     with pytest.raises(ValueError, match="created under a distribution strategy, but the Trainer got none"):
-        tftrain.Trainer(model)
-    tftrain.Trainer(model, strategy=one_device_mirrored)  # the right strategy is accepted
+        tftrain.Trainer(model, strategy=tf.distribute.get_strategy())
+
+
+def test_an_unused_optimizer_made_outside_the_scope_is_recreated_inside(one_device_mirrored):
+    with one_device_mirrored.scope():
+        model = make_mlp()
+    outside = keras.optimizers.SGD(0.05, momentum=0.5)
+    trainer = tftrain.Trainer(model, outside, "mse", strategy=one_device_mirrored)
+    assert trainer.optimizer is not outside
+    assert trainer.optimizer.get_config() == outside.get_config()
+    trainer.fit(np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32"), batch_size=4, verbose=0)
+    assert int(trainer.optimizer.iterations.numpy()) == 2
+    strategy_checks.check_model_in_scope(model, one_device_mirrored)
+
+
+def test_an_optimizer_holding_state_outside_the_scope_is_refused(one_device_mirrored):
+    with one_device_mirrored.scope():
+        model = make_mlp()
+    used = keras.optimizers.SGD(0.1)
+    used.build(model.trainable_variables)
+    with pytest.raises(ValueError, match="already holds state"):
+        tftrain.Trainer(model, used, "mse", strategy=one_device_mirrored)
 
 
 def test_a_model_in_scope_and_an_unbuilt_model_pass(one_device_mirrored):

@@ -195,12 +195,12 @@ def test_trainer_timing_counts_its_checkpoint_saves(tmp_path):
     trainer = tftrain.Trainer(
         make_mlp(), **compile_args(), model_dir=str(tmp_path), checkpoint_every_steps=2
     )
-    trainer.fit((x, y), batch_size=16, epochs=2, verbose=0)
+    trainer.fit(x, y, batch_size=16, epochs=2, verbose=0)
     # Every 2 steps and at each epoch end (steps 2, 4 = epoch end, 6, 8 = epoch end).
     assert trainer.timing.checkpoint_saves == 4
     assert trainer.timing.checkpoint_save_median_s > 0
     no_dir = tftrain.Trainer(make_mlp(), **compile_args())
-    no_dir.fit((x, y), batch_size=16, epochs=1, verbose=0)
+    no_dir.fit(x, y, batch_size=16, epochs=1, verbose=0)
     assert no_dir.timing.checkpoint_saves == 0
     assert no_dir.timing.checkpoint_save_median_s is None
 

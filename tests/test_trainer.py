@@ -77,7 +77,7 @@ def test_metrics_reset_each_epoch(tiny_dataset):
 def test_numpy_inputs_like_fit(tiny_data):
     x, y = tiny_data
     model = make_mlp()
-    history = Trainer(model, **compile_args()).fit((x, y), epochs=1, batch_size=10, verbose=0)
+    history = Trainer(model, **compile_args()).fit(x, y, epochs=1, batch_size=10, verbose=0)
     assert int(model.optimizer.iterations) == 5
     assert history.history["loss"][0] > 0
 
@@ -158,7 +158,7 @@ def test_keras_terminate_on_nan_works_with_the_guard_off(tiny_data):
     model = make_mlp()
     trainer = Trainer(model, keras.optimizers.SGD(0.01), "mse", terminate_on_nan=False)
     trainer.fit(
-        (x, targets), epochs=3, batch_size=10, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]
+        x, targets, epochs=3, batch_size=10, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]
     )
     assert int(model.optimizer.iterations) < 15
 
@@ -313,10 +313,10 @@ def test_bad_fit_arguments_fail_before_any_step(tiny_dataset, kwargs, error, fra
         (
             tf.data.Dataset.from_tensor_slices(np.zeros((4, 6), "float32")).batch(4).repeat(),
             ValueError,
-            "forever",
+            "never ends",
         ),
-        ("not data", TypeError, "train_data"),
-        ([1, 2, 3], TypeError, "Expected a tf.data.Dataset"),
+        ("not data", TypeError, "`x`. Received: an object of type str"),
+        (object(), TypeError, "Expected NumPy arrays or tensors"),
     ],
 )
 def test_bad_train_data(data, error, fragment):

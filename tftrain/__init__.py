@@ -21,6 +21,7 @@ _SUBMODULES = {
     "checkpoint",
     "data",
     "distribute",
+    "inputs",
     "loops",
     "model",
     "precision",

@@ -17,8 +17,8 @@ import os
 
 import keras
 
+from tftrain import _keras_compat, summaries, training_run
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import summaries, training_run
 from tftrain.timing import Timing
 
 __all__ = ["CheckpointAndResume", "TensorBoardSummaries", "Timing", "standard_callbacks"]
@@ -168,7 +168,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
             model.optimizer.build(model.trainable_variables)
         self.restored = self.checkpointer.restore_latest()
         if self.restored is not None:
-            self.model._initial_epoch = self.restored.epoch  # read by keras.Model.fit
+            _keras_compat.set_initial_epoch(self.model, self.restored.epoch)  # read by keras.Model.fit
             training_run.report_resume(
                 f"tftrain: resumed from {self.checkpointer.latest} at epoch {self.restored.epoch + 1} "
                 f"(step {self.restored.global_step}).",
@@ -181,7 +181,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
         self.checkpointer.save(progress)
 
     def on_train_end(self, logs=None):
-        self.model._initial_epoch = None
+        _keras_compat.set_initial_epoch(self.model, None)
 
 
 def standard_callbacks(

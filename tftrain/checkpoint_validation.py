@@ -12,7 +12,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+from tftrain import _keras_compat
 
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -56,7 +57,7 @@ def _match_saved_graph(reader: tf.train.CheckpointReader, root: Any):
         and `(checkpoint key, saved name)` of each saved variable with no live
         counterpart (the name the saving run gave it; empty if not recorded).
     """
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph = _keras_compat.trackable_object_graph()
     graph.ParseFromString(reader.get_tensor(OBJECT_GRAPH_KEY))
     view = tf.train.TrackableView(root)
     matched: dict[int, tuple[Any, str]] = {}

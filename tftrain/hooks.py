@@ -1,26 +1,16 @@
-"""Keras callback plumbing shared by the Trainer's loops: hooks, logs, verbosity."""
+"""Keras callback plumbing shared by the Trainer's loops: batch hooks, verbosity, host syncs."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
-
-
-def pythonify_logs(logs: dict[str, Any] | None) -> dict[str, Any]:
-    """Logs of tensors -> Python floats (scalars) or lists (anything else)."""
-    result = {}
-    for key, value in (logs or {}).items():
-        array = np.asarray(value)
-        result[key] = array.item() if array.ndim == 0 else array.tolist()
-    return result
-
 
 _BATCH_HOOKS = {
     "train": ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end"),
     "test": ("on_test_batch_begin", "on_test_batch_end"),
+    "predict": ("on_predict_batch_begin", "on_predict_batch_end"),
 }
 
 

@@ -9,13 +9,14 @@ written once; only the wrapping differs between engines.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from tftrain import timing
+from tftrain import _keras_compat, inputs, timing
 
 StepFn = Callable[[Any], Any]
 
@@ -72,7 +73,7 @@ class EngineOptions:
 
 
 def _reduce_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
-    """Per-replica step outputs -> one value each (the mean over all replicas).
+    """Per-replica step logs -> one value each (the mean over all replicas).
 
     A worker with one device gets plain tensors back from `strategy.run`, not
     `DistributedValues`; they are reduced too, or each worker of a multi-worker
@@ -91,7 +92,7 @@ def _examples_in(batch: Any, strategy: tf.distribute.Strategy) -> tf.Tensor:
     """In-graph count of the examples in a batch (its first tensor's rows, all local replicas)."""
     first = tf.nest.flatten(batch)[0]
     parts = strategy.experimental_local_results(first)
-    return tf.add_n([tf.cast(tf.shape(part)[0], tf.int64) for part in parts])
+    return tf.add_n([inputs.examples_in_batch(part) for part in parts])
 
 
 def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None:
@@ -135,7 +136,9 @@ class LoopResult(NamedTuple):
             was not finite).
         examples: Examples those steps consumed, or None where the batch size
             is not known on the host.
-        logs: The last step's outputs (None if no step ran).
+        logs: The last step's outputs (None if no step ran). For a loop
+            built with `collect=True`: every step's outputs, as a list of
+            chunks (each a structure of tensors whose rows are examples).
         nonfinite: Whether the last step's loss (a `loss` or `*_loss` log) was
             NaN or infinite; the loop stops right after such a step. Only set
             when the loop was built with `stop_on_nonfinite=True`.
@@ -163,36 +166,68 @@ class StepLoop:
         in_graph: bool,
         strategy: tf.distribute.Strategy,
         stop_on_nonfinite: bool = False,
+        collect: bool = False,
     ):
         self.step = step
         self.trace_counter = trace_counter
-        self.in_graph = in_graph
         self.strategy = strategy
         self.stop_on_nonfinite = stop_on_nonfinite
-        self._graph_loop = _make_graph_loop(step, strategy, stop_on_nonfinite) if in_graph else None
+        self.collect = collect
+        self._graph_loop = None
+        if in_graph:
+            if collect:
+                self._graph_loop = _make_collecting_graph_loop(step, strategy)
+            else:
+                self._graph_loop = _make_graph_loop(step, strategy, stop_on_nonfinite)
+        self.in_graph = self._graph_loop is not None
+        self._outputs_checked = False
         self._num_steps_cache: dict[int, tf.Tensor] = {}
 
-    def __call__(self, iterator: Iterator[Any], num_steps: int) -> LoopResult:
+    def _dense_outputs(self, iterator: Any) -> bool:
+        concrete = self.step.get_concrete_function(iterator.element_spec)
+        specs = tf.nest.flatten(tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs))
+        return all(type(spec) is tf.TensorSpec for spec in specs)
+
+    @staticmethod
+    def peek(iterator: Iterator[Any]) -> Any:
+        """The iterator's next batch as a `tf.experimental.Optional` (empty at the end of the data).
+
+        For data whose end no count announces: the caller learns whether a
+        step can run before it calls a batch hook, and passes the Optional
+        on as `first` so the batch is trained on, not lost.
+        """
+        return iterator.get_next_as_optional()
+
+    def __call__(self, iterator: Iterator[Any], num_steps: int, first: Any = None) -> LoopResult:
         """Runs the steps.
 
         Args:
             iterator: A `tf.data` (or distributed) iterator.
             num_steps: The most steps to run; fewer run if the data ends.
+            first: A non-empty Optional from `peek`: the first step's batch.
 
         Returns:
             A `LoopResult`.
         """
+        if self.collect and not self._outputs_checked and self._graph_loop is not None:
+            self._outputs_checked = True
+            if not self._dense_outputs(iterator):
+                self._graph_loop = None  # a TensorArray holds dense tensors only: join others on the host
         if self._graph_loop is None:
-            return _host_loop(self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite)
+            return _host_loop(
+                self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite, self.collect, first
+            )
         # A cached tensor: passing a fresh Python int would retrace each call.
         count = self._num_steps_cache.get(num_steps)
         if count is None:
             count = self._num_steps_cache[num_steps] = tf.constant(num_steps, tf.int32)
-        steps, examples, optional_logs, nonfinite = self._graph_loop(iterator, count)
+        steps, examples, outputs, nonfinite = self._graph_loop(iterator, count, first)
         steps = int(steps)
         if steps == 0:
             return LoopResult(0, 0, None)
-        return LoopResult(steps, int(examples), optional_logs.get_value(), bool(nonfinite))
+        if self.collect:
+            return LoopResult(steps, int(examples), [outputs])
+        return LoopResult(steps, int(examples), outputs.get_value(), bool(nonfinite))
 
 
 def _host_loop(
@@ -201,20 +236,27 @@ def _host_loop(
     num_steps: int,
     strategy: tf.distribute.Strategy,
     stop_on_nonfinite: bool,
+    collect: bool,
+    first: Any,
 ) -> LoopResult:
-    steps, examples, logs = 0, 0, None
+    steps, examples, logs, collected = 0, 0, None, []
     for _ in range(num_steps):
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            break
+        if first is not None:
+            batch, first = first.get_value(), None
+        else:
+            try:
+                batch = next(iterator)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                break
         logs = step(batch)
         steps += 1
+        if collect:
+            collected.append(logs)
         size = _host_batch_size(batch, strategy)
         examples = None if examples is None or size is None else examples + size
         if stop_on_nonfinite and _nonfinite_on_host(logs):
             return LoopResult(steps, examples, logs, True)
-    return LoopResult(steps, examples, logs)
+    return LoopResult(steps, examples, collected if collect else logs)
 
 
 def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy, stop_on_nonfinite: bool):
@@ -227,7 +269,7 @@ def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy, stop_on_non
     loop also stops right after a step whose loss is not finite.
     """
 
-    def loop(iterator, num_steps):
+    def loop(iterator, num_steps, peeked=None):
         concrete = step.get_concrete_function(iterator.element_spec)
         output_spec = tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs)
 
@@ -256,11 +298,7 @@ def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy, stop_on_non
                 nonfinite,
             )
 
-        first = tf.cond(
-            num_steps > 0,
-            iterator.get_next_as_optional,
-            lambda: tf.experimental.Optional.empty(iterator.element_spec),
-        )
+        first = peeked if peeked is not None else _first_batch(iterator, num_steps)
         steps, examples, outputs, _, nonfinite = tf.while_loop(
             cond,
             body,
@@ -277,12 +315,77 @@ def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy, stop_on_non
     return tf.function(loop, reduce_retracing=True)
 
 
+def _first_batch(iterator: Any, num_steps: tf.Tensor) -> Any:
+    return tf.cond(
+        num_steps > 0,
+        iterator.get_next_as_optional,
+        lambda: tf.experimental.Optional.empty(iterator.element_spec),
+    )
+
+
+def _make_collecting_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
+    """A `tf.function` that runs up to `num_steps` steps and returns all their outputs, joined.
+
+    For `predict`: each output leaf goes into a `tf.TensorArray`, joined along
+    the example axis at the end of the call (stacked for scalars), so a call
+    of k steps returns one chunk of k batches' predictions.
+    """
+
+    def loop(iterator, num_steps, peeked=None):
+        concrete = step.get_concrete_function(iterator.element_spec)
+        specs = tf.nest.flatten(tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs))
+
+        def cond(i, examples, arrays, next_batch):
+            del examples, arrays
+            return tf.logical_and(i < num_steps, next_batch.has_value())
+
+        def body(i, examples, arrays, next_batch):
+            batch = next_batch.get_value()
+            outputs = tf.nest.flatten(step(batch))
+            arrays = [array.write(i, output) for array, output in zip(arrays, outputs, strict=True)]
+            following = tf.cond(
+                i + 1 < num_steps,
+                iterator.get_next_as_optional,
+                lambda: tf.experimental.Optional.empty(iterator.element_spec),
+            )
+            return i + 1, examples + _examples_in(batch, strategy), arrays, following
+
+        arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False) for spec in specs]
+        first = peeked if peeked is not None else _first_batch(iterator, num_steps)
+        steps, examples, arrays, _ = tf.while_loop(
+            cond, body, loop_vars=[tf.constant(0), tf.constant(0, tf.int64), arrays, first]
+        )
+        joined = [
+            array.stack() if spec.shape.rank == 0 else array.concat()
+            for array, spec in zip(arrays, specs, strict=True)
+        ]
+        return (
+            steps,
+            examples,
+            tf.nest.pack_sequence_as(concrete.structured_outputs, joined),
+            tf.constant(False),
+        )
+
+    return tf.function(loop, reduce_retracing=True)
+
+
+def _keras_batch(step_fn: StepFn) -> StepFn:
+    """The step, given batches as Keras's steps get them (empty Optionals as None)."""
+
+    @functools.wraps(step_fn)
+    def step(batch):
+        return step_fn(inputs.optionals_to_none(batch))
+
+    return step
+
+
 def make_loop(
     step_fn: StepFn,
     options: EngineOptions,
     strategy: tf.distribute.Strategy | None = None,
     name: str = "train_step",
     stop_on_nonfinite: bool = False,
+    collect: bool = False,
 ) -> StepLoop:
     """Builds the engine for one step function.
 
@@ -295,6 +398,9 @@ def make_loop(
         stop_on_nonfinite: Stop a call right after a step whose loss (a
             `loss` or `*_loss` log) is NaN or infinite, and flag it in the
             result (an in-graph check inside a k-step loop).
+        collect: Keep every step's outputs, not only the last (`predict`):
+            replica outputs are concatenated in example order rather than
+            averaged, and a k-step call joins its steps' outputs in the graph.
 
     Returns:
         A `StepLoop`.
@@ -305,6 +411,7 @@ def make_loop(
     strategy = strategy or tf.distribute.get_strategy()
     counter = timing.TraceCounter(name)
     in_graph = options.use_tf_function and options.steps_per_loop > 1
+    step_fn = _keras_batch(step_fn)
 
     # Without a strategy, `strategy.run` only adds host work (autograph
     # conversion, replica-context push/pop), which is felt in eager mode.
@@ -313,7 +420,7 @@ def make_loop(
         step = counter.wrap(step_fn)
         if options.use_tf_function:
             step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
-        return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite)
+        return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)
 
     devices = strategy.extended.worker_devices
     if options.jit_compile and len(devices) > 1 and all("CPU" in device.upper() for device in devices):
@@ -331,9 +438,12 @@ def make_loop(
         replica_step = tf.function(step_fn, reduce_retracing=True, jit_compile=True)
 
     def replicated_step(batch):
-        return _reduce_outputs(strategy.run(replica_step, args=(batch,)), strategy)
+        outputs = strategy.run(replica_step, args=(batch,))
+        if collect:
+            return _keras_compat.concat_replica_outputs(outputs, strategy)
+        return _reduce_outputs(outputs, strategy)
 
     step = counter.wrap(replicated_step)
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True)
-    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite)
+    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)

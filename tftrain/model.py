@@ -15,9 +15,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-# Keras has no public name for the functional model class; it is needed to
-# build functional CustomModels without Keras rewriting CustomModel's bases.
-from keras.src.models.functional import Functional
+from tftrain import _keras_compat
+
+Functional = _keras_compat.functional_class()
 
 
 def _unscale_loss_for_distribution(loss: tf.Tensor) -> tf.Tensor:
@@ -92,7 +92,7 @@ class CustomModel(keras.Model):
 
     def track_loss(self, loss: tf.Tensor, x: Any) -> None:
         """Updates the `loss` metric that Keras's logs report, weighted by batch size."""
-        tracker = getattr(self, "_loss_tracker", None)  # created by `compile`
+        tracker = _keras_compat.loss_tracker(self)  # created by `compile`
         if tracker is None:
             return
         batch_size = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]

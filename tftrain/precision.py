@@ -27,6 +27,8 @@ from typing import Any
 
 import keras
 
+from tftrain import _keras_compat
+
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32")
 
 # Traced Keras step functions keep the precision they were traced in.
@@ -102,12 +104,8 @@ def apply_policy(model: keras.layers.Layer, name: str | None) -> None:
             f"Cannot switch model {model.name!r} to {name!r}: its dtype policy {source.name!r} is "
             f"a per-layer map or quantized. {_HINT.format(name=name)}"
         )
-    # Keras has no public recursive iterator over sublayers; `_flatten_layers`
-    # is what `Layer.layers` and the variable tracking use.
     sublayers = [
-        layer
-        for layer in model._flatten_layers(include_self=True, recursive=True)
-        if not isinstance(layer, keras.layers.InputLayer)
+        layer for layer in _keras_compat.flatten_layers(model) if not isinstance(layer, keras.layers.InputLayer)
     ]
     # Layers built with `dtype=None` share the model's policy object (Keras hands
     # out the global policy itself); a layer given `dtype="float32"` on purpose

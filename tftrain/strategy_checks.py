@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from tftrain.distribute import describe
@@ -86,3 +87,53 @@ def check_global_batch(element_spec: Any, strategy: tf.distribute.Strategy, argu
                 f"(e.g. {shape[0] - shape[0] % replicas or replicas})."
             )
         return
+
+
+def _outside_scope(variable: Any, strategy: tf.distribute.Strategy) -> bool:
+    return not strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
+
+
+def adopt_optimizer(optimizer: Any, strategy: tf.distribute.Strategy) -> Any:
+    """An optimizer instance usable under `strategy`: itself, or its twin made in the strategy's scope.
+
+    `model.fit` trains with an optimizer created outside the strategy's scope.
+    A Keras optimizer creates its step counter (and learning-rate variable)
+    when constructed, so such an optimizer's variables are not mirrored. While
+    it holds no state yet (not built, no step taken), it is recreated from
+    its config inside the scope, which loses nothing; the caller's object is
+    then not the one that trains (read `trainer.optimizer`).
+
+    Args:
+        optimizer: A Keras optimizer, a name, or None.
+        strategy: The strategy training runs under.
+
+    Returns:
+        The optimizer to train with.
+
+    Raises:
+        ValueError: the optimizer already holds state outside the scope, or
+            cannot be recreated from its config (e.g. an unregistered custom
+            learning-rate schedule).
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer
+    default = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    if default or not any(_outside_scope(v, strategy) for v in optimizer.variables):
+        return optimizer
+    where = (
+        f"Optimizer {optimizer.name!r} was created outside the scope of the Trainer's {describe(strategy)}"
+    )
+    fix = 'Create the optimizer inside `with strategy.scope():`, or pass its name (e.g. optimizer="adam").'
+    if optimizer.built or int(optimizer.iterations.numpy()) != 0:
+        raise ValueError(
+            f"{where} and already holds state (it has taken {int(optimizer.iterations.numpy())} steps"
+            f"{' and built its slot variables' if optimizer.built else ''}), which cannot be moved onto "
+            f"the replicas. {fix}"
+        )
+    try:
+        with strategy.scope():
+            return type(optimizer).from_config(optimizer.get_config())
+    except Exception as error:  # any failure of a user's config round trip
+        raise ValueError(
+            f"{where}, and recreating it in the scope from its config failed: {error}. {fix}"
+        ) from error

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tftrain.data import SPLITS, DatasetInfo, DatasetUnavailableError
+from tftrain._catalog import SPLITS, DatasetInfo, DatasetUnavailableError
 
 CONNECT_TIMEOUT_S = 5.0
 """Seconds to wait for a download server to accept a connection."""

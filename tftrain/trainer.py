@@ -12,16 +12,28 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from tftrain import (
+    _keras_compat,
+    distribute,
+    fit_checks,
+    hooks,
+    inputs,
+    loops,
+    precision,
+    strategy_checks,
+    timing,
+    training_run,
+)
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import data as data_lib
-from tftrain import distribute, hooks, loops, precision, strategy_checks, timing, training_run
 from tftrain.model import CustomModel
 
 _DEFAULT_MODEL_STEPS = {
     "train_step": (keras.Model.train_step, CustomModel.train_step),
     "test_step": (keras.Model.test_step, CustomModel.test_step),
+    "predict_step": (keras.Model.predict_step,),
 }
 
 
@@ -40,11 +52,16 @@ class Trainer:
       and `eval_step(batch)`, using `self.model` and `self.optimizer`; each
       returns a dict of logs.
 
+    `fit`, `evaluate` and `predict` take the arguments and inputs of
+    `keras.Model.fit`/`evaluate`/`predict` and call Keras callbacks exactly
+    as they do (docs/trainer.md lists the few deliberate differences), so
+    `model.fit(x, y, ...)` becomes `Trainer(model).fit(x, y, ...)`.
+
     Example:
         ```python
         trainer = tftrain.Trainer(model, "adam", "sparse_categorical_crossentropy",
                                   metrics=["accuracy"], steps_per_loop=20)
-        history = trainer.fit(train_ds, epochs=3, validation_data=val_ds)
+        history = trainer.fit(x_train, y_train, epochs=3, validation_split=0.1)
         print(trainer.timing.summary())
         ```
 
@@ -62,7 +79,10 @@ class Trainer:
             iterator inside one `tf.function` when above 1). Batch callbacks
             fire once per host call, as with Keras's `steps_per_execution`.
         strategy: The `tf.distribute.Strategy` to run under; None means the
-            current one.
+            model's (`model.distribute_strategy`: the one whose scope built
+            it, else the current one), as `model.fit` decides. An optimizer
+            instance created outside the strategy's scope that holds no state
+            yet is recreated in it (`trainer.optimizer` is the one that trains).
         measure_timing: Time every host call (one host sync per call) and
             build `trainer.timing`. Trace counting is always on.
         model_dir: A directory for checkpoints (`model_dir/checkpoints`) and
@@ -123,7 +143,7 @@ class Trainer:
             jit_compile=jit_compile,
             steps_per_loop=steps_per_loop,
         )
-        self.strategy = strategy or tf.distribute.get_strategy()
+        self.strategy = strategy or model.distribute_strategy
         self.model = model
         self.measure_timing = bool(measure_timing)
         self.run_options = training_run.RunOptions(
@@ -140,11 +160,13 @@ class Trainer:
         with self.strategy.scope():  # a LossScaleOptimizer creates variables
             precision.apply_policy(model, self.mixed_precision)
             if optimizer is not None or loss is not None or metrics is not None:
+                optimizer = strategy_checks.adopt_optimizer(optimizer, self.strategy)
                 model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
+            elif getattr(model, "optimizer", None) is not None:
+                model.optimizer = strategy_checks.adopt_optimizer(model.optimizer, self.strategy)
             precision.wrap_model_optimizer(model, self.mixed_precision)
         self.timing: timing.TimingReport | None = None
-        self._train_loop: loops.StepLoop | None = None
-        self._eval_loop: loops.StepLoop | None = None
+        self._loops: dict[str, loops.StepLoop] = {}
 
     # ----------------------------------------------------------------- steps
 
@@ -180,6 +202,10 @@ class Trainer:
         """One evaluation step. By default the model's own `test_step(batch)`."""
         return self.model.test_step(batch)
 
+    def predict_step(self, batch: Any) -> Any:
+        """One prediction step; returns the batch's predictions. By default the model's own `predict_step(batch)`."""
+        return self.model.predict_step(batch)
+
     def _overrides(self, name: str) -> bool:
         return getattr(type(self), name) is not getattr(Trainer, name)
 
@@ -200,36 +226,51 @@ class Trainer:
                 "needs one. Pass `optimizer=` to `tftrain.Trainer(...)` or to `model.compile`."
             )
 
+    def _check_data(self, dataset: tf.data.Dataset, argument: str, step: str) -> None:
+        """Data checks before any step: batched, targets where the loss needs them, an even global batch."""
+        spec = dataset.element_spec
+        fit_checks.check_batched_for_model(self.model, spec, argument)
+        model_step = {"train_step": "train_step", "eval_step": "test_step"}[step]
+        if not self._overrides(step) and _uses_default_step(self.model, model_step):
+            fit_checks.check_targets(self.model, spec, argument)
+        strategy_checks.check_global_batch(spec, self.strategy, argument)
+
     def _build(self, dataset: tf.data.Dataset) -> None:
         """Creates model, metric and optimizer variables before the first trace.
 
         Creating them inside the first `tf.function` call would trace it twice.
         Keras's own symbolic build (what `fit` uses) does this for compiled
-        models with default steps; otherwise the optimizer is built if it can be.
+        models with default steps and dense inputs; otherwise the optimizer is
+        built if it can be (and the first trace creates the rest).
         """
         model = self.model
+        spec = inputs.optionals_to_none(dataset.element_spec)
+        dense = all(type(leaf) is tf.TensorSpec for leaf in tf.nest.flatten(spec))
         with self.strategy.scope():
             default_steps = not self._overrides("train_step") and _uses_default_step(model, "train_step")
-            if default_steps and model.compiled and hasattr(model, "_symbolic_build"):
-                model._symbolic_build(data_batch=dataset.element_spec)
+            if default_steps and model.compiled and dense:
+                _keras_compat.symbolic_build(model, spec)
             elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
         strategy_checks.check_model_in_scope(model, self.strategy)
 
     def _loop(self, kind: str) -> loops.StepLoop:
-        if kind == "train":
-            if self._train_loop is None:
-                self._train_loop = loops.make_loop(
-                    self.train_step,
-                    self.options,
-                    self.strategy,
-                    "train_step",
-                    stop_on_nonfinite=self.run_options.terminate_on_nan,
-                )
-            return self._train_loop
-        if self._eval_loop is None:
-            self._eval_loop = loops.make_loop(self.eval_step, self.options, self.strategy, "eval_step")
-        return self._eval_loop
+        """The engine of `kind` ("train", "eval" or "predict"), built once."""
+        if kind not in self._loops:
+            step, name = {
+                "train": (self.train_step, "train_step"),
+                "eval": (self.eval_step, "eval_step"),
+                "predict": (self.predict_step, "predict_step"),
+            }[kind]
+            self._loops[kind] = loops.make_loop(
+                step,
+                self.options,
+                self.strategy,
+                name,
+                stop_on_nonfinite=kind == "train" and self.run_options.terminate_on_nan,
+                collect=kind == "predict",
+            )
+        return self._loops[kind]
 
     def _make_iterator(self):
         """How a dataset becomes an iterator: plain, or distributed under a strategy."""
@@ -237,67 +278,135 @@ class Trainer:
             return iter
         return lambda ds: iter(self.strategy.experimental_distribute_dataset(ds))
 
+    def _final_logs(self, logs: Any, step: str) -> dict[str, Any]:
+        """A pass's logs as fit reports them: the model's metric results where they match the step's logs.
+
+        A Trainer subclass's own step reports what it returns: the model's
+        compiled metrics are not its metrics.
+        """
+        if self._overrides(step):
+            return dict(logs or {})
+        return dict(_keras_compat.metrics_result_or_logs(self.model, logs or {}))
+
+    def _plan(self, data: inputs.AdaptedInput) -> inputs.EpochPlan:
+        return inputs.EpochPlan(data, make_iterator=self._make_iterator())
+
     # ------------------------------------------------------------------- fit
 
     def fit(
         self,
-        train_data: Any,
-        *,
-        epochs: int = 1,
-        steps_per_epoch: int | None = None,
-        validation_data: Any = None,
-        validation_steps: int | None = None,
-        callbacks: list[keras.callbacks.Callback] | None = None,
-        verbose: int | str = "auto",
+        x: Any = None,
+        y: Any = None,
         batch_size: int | None = None,
+        epochs: int = 1,
+        verbose: int | str = "auto",
+        callbacks: list[keras.callbacks.Callback] | None = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool | str = True,
+        class_weight: dict[int, float] | None = None,
+        sample_weight: Any = None,
+        initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
+        validation_freq: int | list[int] = 1,
     ) -> keras.callbacks.History:
-        """Trains the model.
+        """Trains the model, as `keras.Model.fit` does.
+
+        Same arguments, defaults and meanings as Keras 3's `fit`; the inputs
+        go through Keras's own adapters. Beyond `fit`: with `model_dir`, a
+        rerun resumes exactly where a killed run stopped.
 
         Args:
-            train_data: A batched `tf.data.Dataset`, or arrays `(x, y)` /
-                `(x, y, sample_weight)` (batched by `batch_size` and shuffled
-                each epoch, as `model.fit` does).
-            epochs: Number of epochs (>= 0).
-            steps_per_epoch: Steps per epoch; None means one pass over the data.
-                Required for a dataset that repeats forever.
-            validation_data: Evaluated after each epoch; logs get a `val_` prefix.
-            validation_steps: Steps per validation; None means one pass.
-            callbacks: Keras callbacks.
-            verbose: 0 silent; 1 or "auto" a progress bar per epoch and a timing
-                summary at the end; 2 one line per epoch.
+            x: Inputs: NumPy arrays or tensors (alone, or in a list, tuple or
+                dict; ragged and sparse too), a batched `tf.data.Dataset` of
+                `(x, y)` / `(x, y, sample_weight)`, a `keras.utils.PyDataset`
+                or a Python generator of such batches.
+            y: Targets, for array inputs only.
             batch_size: Batch size for array inputs (default 32).
+            epochs: Index of the last epoch (trains `epochs - initial_epoch` epochs).
+            verbose: "auto" or 1: a progress bar per epoch (and the timing
+                summary at the end); 2: one line per epoch; 0: silent.
+            callbacks: Keras callbacks.
+            validation_split: Fraction of array inputs (the last examples,
+                before shuffling) held out for validation.
+            validation_data: Data to validate on after epochs: `(x_val, y_val)`,
+                `(x_val, y_val, sample_weight_val)`, or a dataset/PyDataset/generator.
+            shuffle: Shuffle array inputs each epoch (`"batch"`: in batch-sized chunks).
+            class_weight: Class index -> loss weight (single-output models).
+            sample_weight: Per-example loss weights, for array inputs only.
+            initial_epoch: Epoch to start at (to continue an earlier run). A
+                `model_dir` checkpoint, when one is restored, decides instead.
+            steps_per_epoch: Steps per epoch; None means one pass over the
+                data. Required for data that never ends.
+            validation_steps: Steps per validation; None means one pass.
+            validation_batch_size: Batch size for array validation data
+                (default: `batch_size`).
+            validation_freq: Validate every this many epochs, or after the
+                (1-based) epochs in a list.
 
         Returns:
             The `keras.callbacks.History` (also `self.model.history`).
 
         Raises:
-            TypeError, ValueError: bad input, raised before any step runs.
+            TypeError, ValueError: bad arguments or inputs, raised before any step runs.
+            NonFiniteLossError: a loss became NaN or infinite (with `terminate_on_nan`).
         """
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-            raise ValueError(
-                f"Invalid value for argument `epochs`. Received: epochs={epochs!r}. Expected an integer >= 0."
-            )
-        verbose = hooks.check_verbose(verbose)
+        fit_checks.check_count("epochs", epochs, 0)
+        fit_checks.check_count("initial_epoch", initial_epoch, 0)
+        hooks.check_verbose(verbose)
+        validation_split = fit_checks.check_validation_split(validation_split)
+        validation_freq = fit_checks.check_validation_freq(validation_freq)
+        epochs = inputs.keras_epoch_limit(epochs)
         self._check_model_step("train_step", "train_step")
-        dataset = data_lib.as_dataset(train_data, argument="train_data", batch_size=batch_size, shuffle=True)
-        plan = data_lib.EpochPlan(dataset, steps_per_epoch, "train_data", make_iterator=self._make_iterator())
+        fit_checks.check_resume_sources(callbacks, self.model_dir)
+        if validation_split and validation_data is None:
+            (x, y, sample_weight), validation_data = inputs.split_validation(
+                x, y, sample_weight, validation_split
+            )
+        plan = self._plan(
+            inputs.adapt(
+                x,
+                y,
+                sample_weight,
+                batch_size=batch_size,
+                steps=steps_per_epoch,
+                shuffle=shuffle,
+                class_weight=class_weight,
+            )
+        )
+        fit_checks.check_single_pass(
+            plan,
+            epochs - initial_epoch,
+            "x",
+            "steps_per_epoch",
+            f"epochs={epochs}, initial_epoch={initial_epoch}",
+        )
+        self._check_data(plan.dataset, "x", "train_step")
         val_plan = None
         if validation_data is not None:
             self._check_model_step("eval_step", "test_step")
-            val_dataset = data_lib.as_dataset(
-                validation_data, argument="validation_data", batch_size=batch_size
+            val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
+            val_plan = self._plan(
+                inputs.adapt(
+                    val_x,
+                    val_y,
+                    val_sample_weight,
+                    batch_size=validation_batch_size or batch_size,
+                    steps=validation_steps,
+                    argument="validation_data",
+                    steps_argument="validation_steps",
+                )
             )
-            val_plan = data_lib.EpochPlan(
-                val_dataset,
-                validation_steps,
-                "validation_data",
-                "validation_steps",
-                make_iterator=self._make_iterator(),
+            validations = sum(
+                fit_checks.should_validate(epoch, validation_freq) for epoch in range(initial_epoch, epochs)
             )
-        strategy_checks.check_global_batch(dataset.element_spec, self.strategy, "train_data")
-        if val_plan is not None:
-            strategy_checks.check_global_batch(val_dataset.element_spec, self.strategy, "validation_data")
-        self._build(dataset)
+            fit_checks.check_single_pass(
+                val_plan, validations, "validation_data", "validation_steps", f"{validations} validations"
+            )
+            self._check_data(val_plan.dataset, "validation_data", "eval_step")
+        self._build(plan.dataset)
         train_loop = self._loop("train")
         timer = timing.StepTimer()
         run = training_run.start_run(
@@ -308,22 +417,24 @@ class Trainer:
             epochs=epochs,
             timer=timer if self.measure_timing else None,
             trace_counter=train_loop.trace_counter,
-            verbose=verbose,
+            verbose=hooks.check_verbose(verbose),
             worker=distribute.worker_role(self.strategy),
         )
         callback_list = keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
             add_progbar=verbose != 0,
-            model=self.model,
             verbose=verbose,
             epochs=epochs,
             steps=plan.steps,
+            model=self.model,
         )
         self.model.stop_training = False
-        epoch_logs: dict[str, Any] = {}
+        training_logs = None
         try:
             callback_list.on_train_begin()
+            if not run.resumed:  # where to start, as fit reads it after on_train_begin (BackupAndRestore)
+                run.progress.epoch = _keras_compat.initial_epoch(self.model) or initial_epoch
             for epoch in range(run.progress.epoch, epochs):
                 if run.progress.step_in_epoch == 0:  # else: resumed mid-epoch, metrics restored
                     self.reset_metrics()
@@ -335,21 +446,27 @@ class Trainer:
                     steps_per_loop=self.options.steps_per_loop,
                     timer=timer if self.measure_timing else None,
                     run=run,
-                    model=self.model,
+                    should_stop=lambda: self.model.stop_training,
                 )
-                epoch_logs = hooks.pythonify_logs(logs)
-                if val_plan is not None and not self.model.stop_training:
+                epoch_logs = self._final_logs(logs, "train_step")
+                if val_plan is not None and fit_checks.should_validate(epoch, validation_freq):
                     val_logs = self._run_evaluation(val_plan, callback_list)
                     epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
                 callback_list.on_epoch_end(epoch, epoch_logs)
-                run.end_epoch(epoch_logs)
+                training_logs = epoch_logs
+                run.end_epoch(_keras_compat.pythonify_logs(epoch_logs))
                 if self.model.stop_training:
                     break
-            callback_list.on_train_end(logs=epoch_logs)
+            optimizer = getattr(self.model, "optimizer", None)
+            if isinstance(optimizer, keras.optimizers.Optimizer) and epochs > 0:
+                optimizer.finalize_variable_values(self.model.trainable_weights)  # e.g. EMA weights
+            callback_list.on_train_end(logs=training_logs)
         finally:
             run.close()
+            if val_plan is not None:
+                val_plan.close()
         self.timing = timer.report(run.trace_count())
-        if verbose and self.measure_timing:
+        if verbose != 0 and self.measure_timing:
             print(f"tftrain timing ({self.options.name}):\n{self.timing.summary()}")
         return self.model.history
 
@@ -357,43 +474,122 @@ class Trainer:
 
     def evaluate(
         self,
-        data: Any,
-        *,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        verbose: int | str = "auto",
+        sample_weight: Any = None,
         steps: int | None = None,
         callbacks: list[keras.callbacks.Callback] | None = None,
-        batch_size: int | None = None,
-    ) -> dict[str, float]:
-        """Evaluates the model with `eval_step` over `data`.
+        return_dict: bool = True,
+    ) -> dict[str, float] | list[float] | float:
+        """Evaluates the model with `eval_step`, as `keras.Model.evaluate` does.
+
+        Same arguments and meanings as Keras 3's `evaluate`, with one
+        difference in default: `return_dict=True` (Keras: False).
 
         Args:
-            data: A batched `tf.data.Dataset` or arrays `(x, y)`.
+            x: Inputs, as for `fit`.
+            y: Targets, for array inputs only.
+            batch_size: Batch size for array inputs (default 32).
+            verbose: "auto" or 1: a progress bar; 0: silent.
+            sample_weight: Per-example weights, for array inputs only.
             steps: Steps to run; None means one pass over the data.
             callbacks: Keras callbacks (their `on_test_*` hooks run).
-            batch_size: Batch size for array inputs (default 32).
+            return_dict: Return `{name: value}` (the default here); False
+                gives Keras's default: the values in `model.metrics_names`
+                order (a scalar if there is one).
 
         Returns:
-            The logs of the last step as Python floats, e.g. ``{"loss": 0.3}``.
+            The metrics at the end of the pass, as Python floats.
         """
+        hooks.check_verbose(verbose)
         self._check_model_step("eval_step", "test_step")
-        dataset = data_lib.as_dataset(data, argument="data", batch_size=batch_size)
-        plan = data_lib.EpochPlan(dataset, steps, "data", "steps", make_iterator=self._make_iterator())
-        strategy_checks.check_global_batch(dataset.element_spec, self.strategy, "data")
-        self._build(dataset)
-        callback_list = keras.callbacks.CallbackList(callbacks, model=self.model, steps=plan.steps)
-        return self._run_evaluation(plan, callback_list)
+        plan = self._plan(
+            inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
+        )
+        self._check_data(plan.dataset, "x", "eval_step")
+        self._build(plan.dataset)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=self.model
+        )
+        logs = self._run_evaluation(plan, callback_list)
+        if return_dict:
+            return logs
+        return _keras_compat.flatten_metrics_in_order(self.model, logs)
 
-    def _run_evaluation(self, plan: data_lib.EpochPlan, callback_list) -> dict[str, float]:
-        self.reset_metrics()
+    def _run_evaluation(self, plan: inputs.EpochPlan, callback_list) -> dict[str, Any]:
+        self.model.stop_evaluating = False
+        plan.restart()
         callback_list.on_test_begin()
+        self.reset_metrics()
         logs = training_run.run_pass(
             plan,
             self._loop("eval"),
             *hooks.batch_hooks(callback_list, "test"),
             steps_per_loop=self.options.steps_per_loop,
+            should_stop=lambda: getattr(self.model, "stop_evaluating", False),
         )
-        results = hooks.pythonify_logs(logs)
+        results = _keras_compat.pythonify_logs(self._final_logs(logs, "eval_step"))
         callback_list.on_test_end(results)
         return results
+
+    # --------------------------------------------------------------- predict
+
+    def predict(
+        self,
+        x: Any,
+        batch_size: int | None = None,
+        verbose: int | str = "auto",
+        steps: int | None = None,
+        callbacks: list[keras.callbacks.Callback] | None = None,
+    ) -> Any:
+        """Predicts with `predict_step`, as `keras.Model.predict` does, under the Trainer's engine.
+
+        Args:
+            x: Inputs, as for `fit` (targets in the data are ignored).
+            batch_size: Batch size for array inputs (default 32).
+            verbose: "auto" or 1: a progress bar; 0: silent.
+            steps: Steps to run; None means one pass over the data.
+            callbacks: Keras callbacks (their `on_predict_*` hooks run; a batch
+                hook's logs are `{"outputs": predictions of that host call}`).
+
+        Returns:
+            The predictions for every example, in the structure the step
+            returns: NumPy arrays (ragged or sparse tensors where the outputs are).
+
+        Raises:
+            ValueError: the data yielded no batch.
+        """
+        hooks.check_verbose(verbose)
+        plan = self._plan(inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
+        strategy_checks.check_global_batch(plan.dataset.element_spec, self.strategy, "x")
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=self.model
+        )
+        begin_hook, end_hook = hooks.batch_hooks(callback_list, "predict")
+        chunks: list[Any] = []
+
+        def on_batch_end(index: int, call_chunks: list[Any]) -> None:
+            chunks.extend(call_chunks)
+            end_hook(index, {"outputs": _join_predictions(call_chunks, to_numpy=False)})
+
+        self.model.stop_predicting = False
+        callback_list.on_predict_begin()
+        training_run.run_pass(
+            plan,
+            self._loop("predict"),
+            begin_hook,
+            on_batch_end,
+            steps_per_loop=self.options.steps_per_loop,
+            should_stop=lambda: getattr(self.model, "stop_predicting", False),
+        )
+        callback_list.on_predict_end()
+        if not chunks:
+            raise ValueError(
+                "Invalid value for argument `x`: it yielded no batches to predict on. Expected at least one batch."
+            )
+        return _join_predictions(chunks, to_numpy=True)
 
     # ---------------------------------------------------------------- export
 
@@ -439,3 +635,19 @@ class Trainer:
                 "built model: train it first, call it once on a batch, or `model.build(input_shape)`."
             )
         self.model.export(filepath, **kwargs)
+
+
+def _join_predictions(chunks: list[Any], *, to_numpy: bool) -> Any:
+    """Per-call prediction chunks -> one structure, joined along the example axis as Keras's predict does."""
+    if len(chunks) == 1:
+        joined = chunks[0]
+    else:
+        joined = tf.nest.map_structure(
+            lambda *parts: _keras_compat.concat_batches(list(parts)), chunks[0], *chunks[1:]
+        )
+    if not to_numpy:
+        return joined
+    return tf.nest.map_structure(
+        lambda value: value if isinstance(value, tf.RaggedTensor | tf.SparseTensor) else np.asarray(value),
+        joined,
+    )

@@ -19,8 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import data as data_lib
-from tftrain import hooks, loops, summaries, timing
+from tftrain import hooks, inputs, loops, summaries, timing
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -84,7 +83,7 @@ def start_run(
     *,
     model: Any,
     extra_state: Callable[[], dict[str, Any]],
-    plan: data_lib.EpochPlan,
+    plan: inputs.EpochPlan,
     epochs: int,
     timer: timing.StepTimer | None,
     trace_counter: timing.TraceCounter,
@@ -169,6 +168,7 @@ def start_run(
         terminate_on_nan=options.terminate_on_nan,
     )
     run.scratch_dir = scratch_dir
+    run.resumed = progress.global_step > 0 or progress.epoch > 0
     run.traces_before = trace_counter.count - restored_traces
     if progress.global_step > 0:
         # The restored first call was the job's trace; this process's is not its first step.
@@ -200,7 +200,7 @@ class TrainingRun:
 
     def __init__(
         self,
-        plan: data_lib.EpochPlan,
+        plan: inputs.EpochPlan,
         progress: checkpoint_lib.Progress,
         *,
         timer: timing.StepTimer | None,
@@ -215,6 +215,7 @@ class TrainingRun:
         self.plan = plan
         self.progress = progress
         self.scratch_dir: str | None = None  # a non-chief worker's own checkpoints
+        self.resumed = False  # whether the progress came from a checkpoint
         self.timer = timer
         self._trace_count = trace_count
         self.checkpointer = checkpointer
@@ -345,53 +346,66 @@ class TrainingRun:
 
 
 def run_pass(
-    plan: data_lib.EpochPlan,
+    plan: inputs.EpochPlan,
     step_loop: loops.StepLoop,
-    on_batch_begin,
-    on_batch_end,
+    on_batch_begin: Callable[..., Any],
+    on_batch_end: Callable[..., Any],
     *,
     steps_per_loop: int,
     timer: timing.StepTimer | None = None,
     run: TrainingRun | None = None,
-    model: Any = None,
-) -> dict[str, Any] | None:
-    """Runs one epoch (or one evaluation) of host calls; returns the last logs.
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Any:
+    """Runs one epoch (or one evaluation or prediction) of host calls; returns the last logs.
 
     With a `run` (training), the epoch starts at the run's step in the
-    epoch (after a resume), host calls end at checkpoint and profiler
-    edges, and `model.stop_training` ends the epoch.
+    epoch (after a resume) and host calls end at checkpoint and profiler
+    edges. `should_stop()` is asked after each call (e.g. `model.stop_training`).
+    Every `on_batch_begin` is matched by an `on_batch_end`: where no count
+    says where the data ends, the next batch is fetched before the hook.
     """
     iterator = plan.begin_epoch()
     target = plan.steps
     step = run.progress.step_in_epoch if run is not None else 0
     logs, data_ended = None, False
-    while target is None or step < target:
-        wanted = steps_per_loop
-        if target is not None:
-            wanted = min(wanted, target - step)
-        if run is not None:
-            wanted = run.steps_allowed(wanted)
-            run.before_call()
-        on_batch_begin(step)
-        traces_before = step_loop.trace_counter.count
-        if timer is not None:
-            timer.begin_call()
-        result = step_loop(iterator, wanted)
-        if timer is not None:
-            hooks.block_until_ready(result.logs)
-            timer.end_call(
-                result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before
-            )
-        if run is not None:
-            run.after_call(result, target)
-        if result.steps:
-            step += result.steps
-            logs = result.logs
-            on_batch_end(step - 1, logs)
-        if result.steps < wanted:
-            data_ended = True
-            break
-        if run is not None and model.stop_training:
-            break
+    try:
+        while target is None or step < target:
+            wanted = steps_per_loop
+            if target is not None:
+                wanted = min(wanted, target - step)
+            if run is not None:
+                wanted = run.steps_allowed(wanted)
+            first = None
+            if plan.may_end_unannounced:
+                first = step_loop.peek(iterator)
+                if not first.has_value():
+                    data_ended = True
+                    break
+            if run is not None:
+                run.before_call()
+            on_batch_begin(step)
+            traces_before = step_loop.trace_counter.count
+            if timer is not None:
+                timer.begin_call()
+            result = step_loop(iterator, wanted, first)
+            if timer is not None:
+                hooks.block_until_ready(result.logs)
+                timer.end_call(
+                    result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before
+                )
+            if run is not None:
+                run.after_call(result, target)
+            if result.steps:
+                step += result.steps
+                logs = result.logs
+                on_batch_end(step - 1, logs)
+            if result.steps < wanted:
+                data_ended = True
+                break
+            if should_stop():
+                break
+    except BaseException:
+        plan.close()
+        raise
     plan.end_epoch(step, data_ended)
     return logs

@@ -1,0 +1,68 @@
+"""The named datasets' shared definitions: names and splits, `DatasetInfo`, `DatasetUnavailableError`.
+
+Kept apart so that `tftrain.data` (the public catalog) and
+`tftrain.tfds_loading` (its tensorflow-datasets half) both import them
+without importing each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+SPLITS = {
+    "cifar10": ("train", "test"),
+    "cifar100": ("train", "test"),
+    "stl10": ("train", "test", "unlabelled"),
+    "fashion_mnist": ("train", "test"),
+    "mnist": ("train", "test"),
+    "imagenet2012": ("train", "validation", "test"),
+    "shapes": ("train", "test"),
+    "synthetic": ("train", "test"),
+}
+"""The splits `load` accepts for each known dataset name (imagenet2012's "test" reads "validation")."""
+
+KNOWN_DATASETS = tuple(SPLITS)
+"""Every name `load` and `info` accept."""
+
+DEFAULT_IMAGE_SIZE = 32  # of the generated datasets
+
+
+class DatasetUnavailableError(RuntimeError):
+    """A tensorflow-datasets dataset is not prepared in its `data_dir` and could not be downloaded.
+
+    Attributes:
+        name: The dataset name.
+        data_dir: The tensorflow-datasets data directory that was searched.
+    """
+
+    def __init__(self, message: str, *, name: str | None = None, data_dir: str | None = None):
+        super().__init__(message)
+        self.name = name
+        self.data_dir = data_dir
+
+    def __reduce__(self):
+        return _unavailable_error, (str(self), self.name, self.data_dir)
+
+
+def _unavailable_error(message: str, name: str | None, data_dir: str | None) -> DatasetUnavailableError:
+    return DatasetUnavailableError(message, name=name, data_dir=data_dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What a dataset holds, known before reading it.
+
+    Attributes:
+        name: The dataset name, as given to `load`.
+        num_classes: Number of label classes.
+        image_shape: `(height, width, channels)` of the images `load` gives
+            with the same `image_size`; height and width are None where
+            images vary in size (imagenet2012 without `image_size`).
+        splits: Split name -> number of examples, for every split `load`
+            accepts.
+    """
+
+    name: str
+    num_classes: int
+    image_shape: tuple[int | None, int | None, int]
+    splits: dict[str, int]

@@ -1,0 +1,202 @@
+"""Every private Keras and TensorFlow API tftrain relies on, in one place.
+
+tftrain mirrors `keras.Model.fit`, and where Keras has no public name for what
+`fit` itself does, tftrain calls the same private code rather than writing a
+second copy that could drift. Each accessor below says why it is needed and
+checks, on first use, that the installed Keras or TensorFlow still has it. A
+missing one raises `KerasInternalsError` naming both versions; there is never a
+silent fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+TESTED_KERAS = ("3.7.0", "3.15.1")
+"""The oldest and newest Keras versions tftrain's tests run against."""
+
+TESTED_TENSORFLOW = ("2.16.2", "2.21.0")
+"""The oldest and newest TensorFlow versions tftrain's tests run against."""
+
+
+class KerasInternalsError(RuntimeError):
+    """The installed Keras or TensorFlow lacks a private API tftrain relies on."""
+
+
+def _missing(what: str, why: str) -> KerasInternalsError:
+    return KerasInternalsError(
+        f"tftrain needs {what} ({why}), but it is missing from the installed Keras "
+        f"{keras.__version__} / TensorFlow {tf.__version__}. tftrain is tested with Keras "
+        f"{TESTED_KERAS[0]} to {TESTED_KERAS[1]} and TensorFlow {TESTED_TENSORFLOW[0]} to "
+        f"{TESTED_TENSORFLOW[1]}: install versions in those ranges "
+        f'(e.g. pip install "keras=={TESTED_KERAS[1]}").'
+    )
+
+
+@functools.cache
+def _attribute(module: str, name: str, why: str) -> Any:
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise _missing(f"`{module}.{name}`", why) from error
+    return value
+
+
+def _method(obj: Any, name: str, why: str) -> Any:
+    method = getattr(obj, name, None)
+    if method is None:
+        raise _missing(f"`{type(obj).__name__}.{name}`", why)
+    return method
+
+
+# ------------------------------------------------------------------ models
+
+
+def functional_class() -> type:
+    """Keras's functional model class (no public name).
+
+    Needed to build a functional `CustomModel` (`CustomModel(inputs, outputs)`)
+    without Keras rewriting the user's class bases itself.
+    """
+    return _attribute("keras.src.models.functional", "Functional", "functional CustomModels")
+
+
+def symbolic_build(model: keras.Model, data_batch: Any) -> None:
+    """Creates a compiled model's variables (layers, metrics, loss, optimizer) from a batch spec.
+
+    What `model.fit` runs before its first step. Creating the variables
+    inside the first `tf.function` call instead would trace it twice.
+    """
+    _method(model, "_symbolic_build", "creating variables before the first trace")(data_batch=data_batch)
+
+
+def loss_tracker(model: keras.Model) -> Any:
+    """The `Mean` metric behind the `loss` log (`compile` creates it), or None.
+
+    Keras's own `train_step` updates it; a `CustomModel`'s pieces must too, so
+    its logs read as Keras's do.
+    """
+    if not hasattr(model, "_loss_tracker"):
+        if getattr(model, "compiled", False):
+            raise _missing("`keras.Model._loss_tracker`", "the `loss` log of a CustomModel")
+        return None
+    return model._loss_tracker
+
+
+def flatten_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """Every sublayer of `layer`, itself included, at any depth.
+
+    Keras has no public recursive iterator; this is what `Layer.layers` and
+    its variable tracking use. Needed to switch the dtype policy of every layer.
+    """
+    flatten = _method(layer, "_flatten_layers", "switching every layer's dtype policy")
+    return list(flatten(include_self=True, recursive=True))
+
+
+def initial_epoch(model: keras.Model) -> int | None:
+    """The epoch a callback asked `fit` to start at (`BackupAndRestore`'s resume protocol).
+
+    Keras's `BackupAndRestore` restores a backup in `on_train_begin` and sets
+    `model._initial_epoch`, which `fit` reads right after `on_train_begin`.
+    """
+    if not hasattr(model, "_initial_epoch"):
+        raise _missing("`keras.Model._initial_epoch`", "BackupAndRestore's resume protocol")
+    return model._initial_epoch
+
+
+def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:
+    """Sets the epoch `fit` starts at (see `initial_epoch`); None clears it."""
+    initial_epoch(model)  # checks the attribute exists
+    model._initial_epoch = epoch
+
+
+def metrics_result_or_logs(model: keras.Model, logs: Any) -> Any:
+    """`fit`'s epoch logs: the model's metric results when they match the step's logs, else the logs."""
+    return _method(model, "_get_metrics_result_or_logs", "epoch logs as fit gives them")(logs)
+
+
+def flatten_metrics_in_order(model: keras.Model, logs: dict[str, Any]) -> Any:
+    """`evaluate(return_dict=False)`'s list (or scalar): logs in the order of `model.metrics_names`."""
+    return _method(model, "_flatten_metrics_in_order", "evaluate's list result")(logs)
+
+
+# ------------------------------------------------------------------ inputs and logs
+
+
+def get_data_adapter(**kwargs: Any) -> Any:
+    """Keras's input adapter for what `fit` accepts (arrays, datasets, PyDatasets, generators).
+
+    The code `model.fit` itself runs to batch, shuffle, weight and convert its
+    inputs; tftrain uses it so the Trainer takes exactly the same inputs.
+    """
+    function = _attribute("keras.src.trainers.data_adapters", "get_data_adapter", "fit's inputs")
+    return function(**kwargs)
+
+
+def train_validation_split(arrays: Any, validation_split: float) -> Any:
+    """`fit`'s `validation_split`: the last fraction of the arrays becomes validation data."""
+    function = _attribute(
+        "keras.src.trainers.data_adapters.array_slicing", "train_validation_split", "validation_split"
+    )
+    return function(arrays, validation_split=validation_split)
+
+
+def pythonify_logs(logs: Any) -> dict[str, Any]:
+    """Keras's conversion of logs for callbacks: nested dicts flattened, values to floats where possible."""
+    return _attribute("keras.src.utils.python_utils", "pythonify_logs", "logs as fit returns them")(logs)
+
+
+def py_dataset_class() -> type:
+    """`keras.utils.PyDataset` (public), here so every input type check lives in one module."""
+    return keras.utils.PyDataset
+
+
+def batches_read_for_spec() -> int:
+    """How many batches Keras reads from a PyDataset or generator to learn its tensor spec."""
+    return _attribute(
+        "keras.src.trainers.data_adapters.data_adapter_utils",
+        "NUM_BATCHES_FOR_TENSOR_SPEC",
+        "naming the PyDataset index that failed",
+    )
+
+
+# ------------------------------------------------------------------ predict
+
+
+def concat_replica_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
+    """Per-replica predictions -> one batch in example order (TPU and multi-worker orders included).
+
+    `predict` concatenates replica outputs the way Keras's TensorFlow trainer
+    does (`reduce_per_replica(..., "concat")`), which knows each strategy's
+    replica order.
+    """
+    reduce = _attribute("keras.src.backend.tensorflow.trainer", "reduce_per_replica", "predict")
+    return reduce(outputs, strategy, reduction="concat")
+
+
+def concat_batches(batches: list[Any]) -> Any:
+    """`predict`'s join of per-batch outputs: NumPy where shapes agree, ragged where they do not."""
+    function = _attribute("keras.src.backend.tensorflow.trainer", "potentially_ragged_concat", "predict")
+    return function(batches)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def trackable_object_graph() -> Any:
+    """An empty `TrackableObjectGraph` proto, to read the object graph stored in a checkpoint.
+
+    TensorFlow has no public reader of a checkpoint's object graph; tftrain
+    walks it to check a checkpoint against the live model before restoring.
+    """
+    proto = _attribute(
+        "tensorflow.core.protobuf.trackable_object_graph_pb2",
+        "TrackableObjectGraph",
+        "checking a checkpoint before restoring it",
+    )
+    return proto()
