@@ -19,7 +19,9 @@ def one_device_mirrored():
 
 def test_a_model_built_outside_the_scope_is_refused(one_device_mirrored):
     model = make_mlp()
-    with pytest.raises(ValueError, match=r"variable `.*kernel` was not created in the scope.*strategy\.scope"):
+    with pytest.raises(
+        ValueError, match=r"variable `.*kernel` was not created in the scope.*strategy\.scope"
+    ):
         tftrain.Trainer(model, strategy=one_device_mirrored)
 
 
@@ -36,7 +38,9 @@ def test_an_optimizer_built_outside_the_scope_is_refused(one_device_mirrored):
 def test_a_model_built_in_a_scope_trains_under_that_strategy(one_device_mirrored):
     with one_device_mirrored.scope():
         model = make_mlp()
-    assert tftrain.Trainer(model).strategy is one_device_mirrored  # as model.fit takes model.distribute_strategy
+    assert (
+        tftrain.Trainer(model).strategy is one_device_mirrored
+    )  # as model.fit takes model.distribute_strategy
     with pytest.raises(ValueError, match="created under a distribution strategy, but the Trainer got none"):
         tftrain.Trainer(model, strategy=tf.distribute.get_strategy())
 

@@ -192,9 +192,7 @@ def test_step_timer_loads_a_state_saved_before_checkpoint_times_existed(clock):
 def test_trainer_timing_counts_its_checkpoint_saves(tmp_path):
     x = np.random.default_rng(0).random((64, 6), dtype=np.float32)
     y = np.zeros(64, dtype=np.int32)
-    trainer = tftrain.Trainer(
-        make_mlp(), **compile_args(), model_dir=str(tmp_path), checkpoint_every_steps=2
-    )
+    trainer = tftrain.Trainer(make_mlp(), **compile_args(), model_dir=str(tmp_path), checkpoint_every_steps=2)
     trainer.fit(x, y, batch_size=16, epochs=2, verbose=0)
     # Every 2 steps and at each epoch end (steps 2, 4 = epoch end, 6, 8 = epoch end).
     assert trainer.timing.checkpoint_saves == 4

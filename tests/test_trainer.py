@@ -157,9 +157,7 @@ def test_keras_terminate_on_nan_works_with_the_guard_off(tiny_data):
     targets[20] = np.nan
     model = make_mlp()
     trainer = Trainer(model, keras.optimizers.SGD(0.01), "mse", terminate_on_nan=False)
-    trainer.fit(
-        x, targets, epochs=3, batch_size=10, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]
-    )
+    trainer.fit(x, targets, epochs=3, batch_size=10, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()])
     assert int(model.optimizer.iterations) < 15
 
 
@@ -348,3 +346,121 @@ def test_model_without_optimizer_fails_clearly(tiny_dataset):
 
     with pytest.raises(ValueError, match="needs an optimizer"):
         NeedsOptimizer(make_mlp()).fit(tiny_dataset, verbose=0)
+
+
+# ------------------------------------------------------------------ bad input, as model.fit rejects it
+
+
+class FailingBatches(keras.utils.PyDataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        if index == 1:
+            raise IndexError("batch 1 is missing")
+        return np.zeros((2, 6), "float32"), np.zeros(2, "int32")
+
+
+def labelled(n=16):
+    x = np.random.RandomState(0).rand(n, 6).astype("float32")
+    return x, (x[:, 0] * 3).astype("int32").clip(0, 2)
+
+
+def two_output_model():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    return keras.Model(inputs, [keras.layers.Dense(3)(inputs), keras.layers.Dense(3)(inputs)])
+
+
+def generator():
+    x, y = labelled()
+    for start in range(0, 16, 4):
+        yield x[start : start + 4], y[start : start + 4]
+
+
+BAD_FIT_CALLS = {
+    "validation_split_with_dataset": (
+        lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(4), validation_split=0.5),
+        "validation_split=0.5 with `x` a",
+    ),
+    "validation_split_with_generator": (
+        lambda x, y: dict(x=generator(), validation_split=0.5),
+        "validation_split",
+    ),
+    "bad_validation_split": (lambda x, y: dict(x=x, y=y, validation_split=1.0), "validation_split=1.0"),
+    "bad_validation_freq": (lambda x, y: dict(x=x, y=y, validation_freq=0), "validation_freq=0"),
+    "sample_weight_with_dataset": (
+        lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(4), sample_weight=np.ones(16)),
+        "sample_weights",
+    ),
+    "dataset_with_y": (
+        lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices(x).batch(4), y=y),
+        "`y` should not",
+    ),
+    "generator_read_twice": (lambda x, y: dict(x=generator(), epochs=2), "can be read only once"),
+    "py_dataset_raises": (
+        lambda x, y: dict(x=FailingBatches()),
+        r"FailingBatches.__getitem__\(1\)` raised IndexError",
+    ),
+    "unbatched_dataset": (
+        lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices((x, y))),
+        r"single examples, not batches.*dataset.batch",
+    ),
+    "no_labels": (
+        lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices(x).batch(4)),
+        "yields inputs only, no targets",
+    ),
+    "tuple_as_x": (lambda x, y: dict(x=(x, y)), r"write fit\(x, y\)"),
+    "negative_initial_epoch": (lambda x, y: dict(x=x, y=y, initial_epoch=-1), "initial_epoch=-1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FIT_CALLS))
+def test_what_fit_rejects_fails_before_any_step_and_keeps_the_checkpoint(name, tmp_path):
+    x, y = labelled()
+    model = make_mlp()
+    trainer = Trainer(model, **compile_args(), model_dir=str(tmp_path))
+    trainer.fit(x, y, batch_size=8, verbose=0)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    steps = int(model.optimizer.iterations)
+    make_kwargs, fragment = BAD_FIT_CALLS[name]
+    with pytest.raises(ValueError, match=fragment):
+        trainer.fit(**make_kwargs(x, y), verbose=0)
+    assert int(model.optimizer.iterations) == steps
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+
+def test_class_weight_with_several_outputs_is_refused():
+    x, y = labelled()
+    model = two_output_model()
+    trainer = Trainer(model, "sgd", ["sparse_categorical_crossentropy"] * 2)
+    with pytest.raises(ValueError, match="class_weight"):
+        trainer.fit(x, [y, y], class_weight={0: 2.0}, verbose=0)
+    assert int(model.optimizer.iterations) == 0
+
+
+def test_unbatched_dataset_for_a_functional_model_says_batch_it():
+    x, y = labelled()
+    images = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3, 6), "float32"), np.zeros((4, 3), "int32")))
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((3, 6))
+    model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    with pytest.raises(ValueError, match=r"single examples, not batches.*\[\[3, 6\]\].*dataset.batch"):
+        Trainer(model, **compile_args()).fit(images, verbose=0)
+
+
+def test_predict_and_evaluate_take_keras_inputs():
+    x, y = labelled()
+    model = make_mlp()
+    trainer = Trainer(model, **compile_args(), steps_per_loop=2)
+    expected = model.predict(x, batch_size=4, verbose=0)
+    np.testing.assert_allclose(trainer.predict(x, batch_size=4, verbose=0), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        trainer.predict(tf.data.Dataset.from_tensor_slices(x).batch(4), verbose=0), expected, rtol=1e-6
+    )
+    np.testing.assert_allclose(trainer.predict(generator(), verbose=0), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="yielded no batches"):
+        trainer.predict(tf.data.Dataset.from_tensor_slices(x).batch(4).filter(lambda v: False), verbose=0)
+    assert trainer.evaluate(x, y, verbose=0, steps=2, batch_size=4) == pytest.approx(
+        model.evaluate(x, y, verbose=0, steps=2, batch_size=4, return_dict=True)
+    )

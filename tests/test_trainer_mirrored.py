@@ -134,7 +134,35 @@ SCRIPT = textwrap.dedent(
     results["resumed"] = {"diff": diff, "steps": int(model.optimizer.iterations.numpy()),
                           "examples_per_sec": 1.0,
                           "warned": any("skip the batches" in str(w.message) for w in caught)}
-    print("RESULT" + json.dumps({"results": results, "errors": errors}))
+    # predict and evaluate under the model's strategy (none passed), as model.predict/evaluate under it.
+    with strategy.scope():
+        model = build()
+    expected_predictions = model.predict(x, batch_size=24, verbose=0)
+    expected_logs = model.evaluate(x, y, batch_size=24, verbose=0, return_dict=True)
+    inference = {}
+    for name, kwargs in {"graph": {}, "loop2": {"steps_per_loop": 2}, "eager": {"use_tf_function": False}}.items():
+        trainer = tftrain.Trainer(model, **kwargs)
+        logs = trainer.evaluate(x, y, batch_size=24, verbose=0)
+        inference[name] = {
+            "strategy": trainer.strategy is strategy,
+            "predict_diff": float(np.abs(trainer.predict(x, batch_size=24, verbose=0) - expected_predictions).max()),
+            "evaluate_diff": max(abs(logs[key] - expected_logs[key]) for key in expected_logs),
+        }
+
+    # An optimizer instance made outside the scope trains as under model.fit.
+    outside = {}
+    for side in ("fit", "trainer"):
+        with strategy.scope():
+            model = build()
+        optimizer = keras.optimizers.SGD(0.1)  # outside the scope
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        if side == "fit":
+            model.compile(optimizer, loss)
+            model.fit(dataset, epochs=2, verbose=0, shuffle=False)
+        else:
+            tftrain.Trainer(model, optimizer, loss, strategy=strategy).fit(dataset, epochs=2, verbose=0)
+        outside[side] = weight_diff(model)
+    print("RESULT" + json.dumps({"results": results, "errors": errors, "inference": inference, "outside": outside}))
     """
 )
 
@@ -157,3 +185,8 @@ def test_mirrored_two_replicas_match_one_device_and_resume():
     assert "jit_compile=True with a strategy over 2 CPU devices" in errors["xla"]
     assert "batches of 15 examples for 2 replicas" in errors["batch"]
     assert "was not created in the scope" in errors["scope"]
+    for name, result in output["inference"].items():
+        assert result["strategy"], name
+        assert result["predict_diff"] < 1e-6, name
+        assert result["evaluate_diff"] < 1e-6, name
+    assert output["outside"]["fit"] < 1e-5 and output["outside"]["trainer"] < 1e-5

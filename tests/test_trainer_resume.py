@@ -10,9 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 
+import keras
 import numpy as np
 import pytest
+from helpers import compile_args, make_mlp
+
+import tftrain
 
 JOB = os.path.join(os.path.dirname(__file__), "jobs", "resume_job.py")
 TOTAL_STEPS = 12  # 3 epochs x 4 steps
@@ -97,3 +102,65 @@ def test_kill_during_save_leaves_a_restorable_checkpoint(runs):
     left = set(os.listdir(model_dir / "checkpoints"))
     assert "ckpt-3_temp" not in left and "checkpoint.tmp0123abcd" not in left
     assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
+
+
+# ------------------------------------------------------------------ inputs other than tf.data, in process
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAtStep(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            raise _Crash()
+
+
+def _orderly_batches():
+    class Batches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.RandomState(0)
+            self.x = rng.rand(40, 6).astype("float32")
+            self.y = (self.x[:, 0] * 3).astype("int32").clip(0, 2)
+
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, index):
+            return self.x[index * 8 : (index + 1) * 8], self.y[index * 8 : (index + 1) * 8]
+
+    return Batches()
+
+
+@pytest.mark.parametrize("kind", ["arrays", "py_dataset"])
+def test_array_and_py_dataset_inputs_resume_mid_epoch(kind, tmp_path):
+    def fit(model_dir, callbacks=()):
+        model = make_mlp()
+        trainer = tftrain.Trainer(model, **compile_args(), model_dir=str(model_dir), checkpoint_every_steps=2)
+        if kind == "arrays":
+            batches = _orderly_batches()
+            args = (batches.x, batches.y)
+            kwargs = dict(batch_size=8, shuffle=False)
+        else:
+            args, kwargs = (_orderly_batches(),), dict(shuffle=False)  # fit shuffles a PyDataset's batches
+        trainer.fit(*args, epochs=3, verbose=0, callbacks=list(callbacks), **kwargs)
+        return model
+
+    reference = fit(tmp_path / "uninterrupted")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(_Crash):
+            fit(tmp_path / "killed", [_CrashAtStep(7)])  # last checkpoint: step 6, mid epoch 2
+        resumed = fit(tmp_path / "killed")
+    assert int(resumed.optimizer.iterations.numpy()) == 15
+    for left, right in zip(resumed.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(left, right, atol=1e-6)
+    skip_warnings = [w for w in caught if "cannot be checkpointed" in str(w.message)]
+    if kind == "py_dataset":  # its tf.data pipeline wraps a Python generator: resumed by skipping batches
+        assert len(skip_warnings) == 2  # once per fit (the killed one and the rerun), not once per save

@@ -204,7 +204,9 @@ def test_resume_into_an_unbuilt_model_is_a_clear_error(tmp_path):
     assert first.built
     rerun = LazyModel()
     trainer = tftrain.Trainer(rerun, optimizer=keras.optimizers.SGD(0.01), model_dir=str(tmp_path))
-    with pytest.raises(ValueError, match=r"Cannot resume from .*ckpt-\d+: the model is not built.*model\.build"):
+    with pytest.raises(
+        ValueError, match=r"Cannot resume from .*ckpt-\d+: the model is not built.*model\.build"
+    ):
         trainer.fit(regression_data(nan_batch=None), epochs=2, verbose=0)
     rerun(np.zeros((1, 6), "float32"))  # built by a call: the fix the error suggests
     trainer.fit(regression_data(nan_batch=None), epochs=2, verbose=0)  # built: resumes at epoch 2

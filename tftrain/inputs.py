@@ -380,6 +380,7 @@ class EpochPlan:
             ValueError: the very first pass yielded no batch at all.
         """
         self.close()
+        known_pass = self._batches_per_pass
         self._seen_in_pass += steps_run
         if data_ended:
             if self._seen_in_pass == 0:
@@ -399,6 +400,11 @@ class EpochPlan:
             self._iterator = None
         elif self.steps_per_epoch is None:
             self._iterator = None  # every epoch is a fresh pass
+            if known_pass is not None and self._seen_in_pass >= known_pass:
+                # Keras's epoch iterator starts the next pass's iterator when a pass
+                # ends, and the next epoch starts another: made here too, a
+                # reshuffling dataset's later epochs get the orders they get under fit.
+                self._make_iterator(self.dataset)
         elif self._batches_per_pass is not None and self._seen_in_pass >= self._batches_per_pass:
             self._iterator = None
 

@@ -87,7 +87,9 @@ def test_every_variant_runs_and_reports(tiny_results):
             assert set(run["timing"]) == TIMING_KEYS, name
     assert mlp["variants"]["eager"]["summary"]["x_handwritten_eager"] is not None
     assert mlp["variants"]["handwritten"]["summary"]["x_handwritten"] == pytest.approx(1.0)
-    assert [t["name"] for t in mlp["targets"]] == [t.name for t in report.MLP_TARGETS] + ["timing_hooks_direct"]
+    assert [t["name"] for t in mlp["targets"]] == [t.name for t in report.MLP_TARGETS] + [
+        "timing_hooks_direct"
+    ]
     assert 0 < mlp["timing_hook_s"] < 1e-3  # microseconds, not milliseconds
     assert mlp["targets"][-1]["hook_s"] == mlp["timing_hook_s"]
     assert all(t["met"] in (True, False) for t in mlp["targets"])
@@ -236,7 +238,9 @@ def test_output_destinations_are_checked_before_running(tmp_path):
 
 def test_missing_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(plot.PlottingUnavailableError, match=r'Install the plot extra: pip install "tftrain\[plot\]"'):
+    with pytest.raises(
+        plot.PlottingUnavailableError, match=r'Install the plot extra: pip install "tftrain\[plot\]"'
+    ):
         outputs.check_outputs(None, str(tmp_path / "chart.png"))
 
 
@@ -252,7 +256,9 @@ def test_nothing_is_written_half_way(tmp_path):
 
 
 def test_unknown_names_raise_clear_errors():
-    with pytest.raises(ValueError, match=r"workload=resnet \(unknown\).*Expected .*: mlp, cnn, linear, simclr"):
+    with pytest.raises(
+        ValueError, match=r"workload=resnet \(unknown\).*Expected .*: mlp, cnn, linear, simclr"
+    ):
         config.BenchmarkConfig(workloads="mlp,resnet")
     with pytest.raises(ValueError, match="variants=fast.*handwritten, graph"):
         config.BenchmarkConfig(workloads="mlp", variants="graph,fast")

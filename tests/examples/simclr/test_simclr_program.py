@@ -31,7 +31,12 @@ def test_a_tiny_run_writes_result_json(loop, tmp_path):
     with open(tmp_path / "result.json") as file:
         written = json.load(file)
     assert written["global_step"] == results["global_step"] == 4
-    for key in ("label_top_1_accuracy", "label_top_5_accuracy", "linear_eval_top_1", "random_encoder_linear_eval_top_1"):
+    for key in (
+        "label_top_1_accuracy",
+        "label_top_5_accuracy",
+        "linear_eval_top_1",
+        "random_encoder_linear_eval_top_1",
+    ):
         assert 0.0 <= written[key] <= 1.0, key
     assert written["config"]["loop"] == loop and written["config"]["train_steps"] == 4
     assert written["train_logs"]["contrast_loss"] > 0
@@ -39,15 +44,21 @@ def test_a_tiny_run_writes_result_json(loop, tmp_path):
 
 
 def test_eval_mode_restores_the_trained_encoder(tmp_path):
-    trained = experiment.run(experiment.Config(**TINY, train_steps=2, model_dir=str(tmp_path), linear_eval=False))
-    evaluated = experiment.run(experiment.Config(**TINY, mode="eval", model_dir=str(tmp_path), linear_eval=False))
+    trained = experiment.run(
+        experiment.Config(**TINY, train_steps=2, model_dir=str(tmp_path), linear_eval=False)
+    )
+    evaluated = experiment.run(
+        experiment.Config(**TINY, mode="eval", model_dir=str(tmp_path), linear_eval=False)
+    )
     assert evaluated["restored"].startswith(str(tmp_path / "checkpoints" / "ckpt-"))
     assert evaluated["global_step"] == trained["global_step"] == 2
     assert evaluated["label_top_1_accuracy"] == pytest.approx(trained["label_top_1_accuracy"])
 
 
 def test_finetune_mode_trains_the_probe_end_to_end():
-    results = experiment.run(experiment.Config(**TINY, train_mode="finetune", train_steps=3, linear_eval=False))
+    results = experiment.run(
+        experiment.Config(**TINY, train_mode="finetune", train_steps=3, linear_eval=False)
+    )
     assert results["global_step"] == 3
     assert "contrast_loss" not in results["train_logs"] or results["train_logs"]["contrast_loss"] == 0
     assert results["train_logs"]["probe_loss"] > 0

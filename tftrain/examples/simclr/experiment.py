@@ -288,7 +288,7 @@ def run(config: Config) -> dict[str, Any]:
             batch_size=config.eval_batch_size,
         )
         if model.uses_probe:
-            logs = trainer.evaluate(eval_data)
+            logs = trainer.evaluate(eval_data, verbose=config.verbose)
             results["label_top_1_accuracy"] = logs["label_top_1_accuracy"]
             results["label_top_5_accuracy"] = logs["label_top_5_accuracy"]
         if config.linear_eval:
