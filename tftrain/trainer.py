@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tftrain import (
+    _fit_checks,
     _keras_compat,
+    _model_setup,
     distribute,
-    fit_checks,
     hooks,
     inputs,
     loops,
@@ -28,20 +28,11 @@ from tftrain import (
     training_run,
 )
 from tftrain import checkpoint as checkpoint_lib
-from tftrain.model import CustomModel
-
-_DEFAULT_MODEL_STEPS = {
-    "train_step": (keras.Model.train_step, CustomModel.train_step),
-    "test_step": (keras.Model.test_step, CustomModel.test_step),
-    "predict_step": (keras.Model.predict_step,),
-}
+from tftrain._export import ExportMixin
+from tftrain._inference import InferenceMixin
 
 
-def _uses_default_step(model: keras.Model, name: str) -> bool:
-    return getattr(type(model), name) in _DEFAULT_MODEL_STEPS[name]
-
-
-class Trainer:
+class Trainer(InferenceMixin, ExportMixin):
     """Trains a `keras.Model` with a custom loop: fast, measured, Keras-callback driven.
 
     Two styles share this loop:
@@ -211,48 +202,21 @@ class Trainer:
 
     def _check_model_step(self, trainer_step: str, model_step: str) -> None:
         """Before any step runs: the default steps need a compiled model (and optimizer)."""
-        if self._overrides(trainer_step) or not _uses_default_step(self.model, model_step):
-            return
-        if not self.model.compiled:
-            raise ValueError(
-                f"The model is not compiled, and its default `{model_step}` needs a loss"
-                f"{' and an optimizer' if model_step == 'train_step' else ''}. Pass "
-                "`optimizer=` and `loss=` to `tftrain.Trainer(...)`, call `model.compile(...)`, "
-                f"or override `{model_step}` (tftrain.CustomModel) or `Trainer.{trainer_step}`."
-            )
-        if model_step == "train_step" and getattr(self.model, "optimizer", None) is None:
-            raise ValueError(
-                "The model was compiled without an optimizer, and its default `train_step` "
-                "needs one. Pass `optimizer=` to `tftrain.Trainer(...)` or to `model.compile`."
-            )
+        if not self._overrides(trainer_step):
+            _model_setup.check_compiled_for(self.model, model_step, trainer_step)
 
     def _check_data(self, dataset: tf.data.Dataset, argument: str, step: str) -> None:
         """Data checks before any step: batched, targets where the loss needs them, an even global batch."""
-        spec = dataset.element_spec
-        fit_checks.check_batched_for_model(self.model, spec, argument)
         model_step = {"train_step": "train_step", "eval_step": "test_step"}[step]
-        if not self._overrides(step) and _uses_default_step(self.model, model_step):
-            fit_checks.check_targets(self.model, spec, argument)
-        strategy_checks.check_global_batch(spec, self.strategy, argument)
+        default = not self._overrides(step) and _model_setup.uses_default_step(self.model, model_step)
+        _model_setup.check_data(self.model, dataset, argument, self.strategy, default_step=default)
 
     def _build(self, dataset: tf.data.Dataset) -> None:
-        """Creates model, metric and optimizer variables before the first trace.
-
-        Creating them inside the first `tf.function` call would trace it twice.
-        Keras's own symbolic build (what `fit` uses) does this for compiled
-        models with default steps and dense inputs; otherwise the optimizer is
-        built if it can be (and the first trace creates the rest).
-        """
-        model = self.model
-        spec = inputs.optionals_to_none(dataset.element_spec)
-        dense = all(type(leaf) is tf.TensorSpec for leaf in tf.nest.flatten(spec))
-        with self.strategy.scope():
-            default_steps = not self._overrides("train_step") and _uses_default_step(model, "train_step")
-            if default_steps and model.compiled and dense:
-                _keras_compat.symbolic_build(model, spec)
-            elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
-                model.optimizer.build(model.trainable_variables)
-        strategy_checks.check_model_in_scope(model, self.strategy)
+        """Creates the model's, metrics' and optimizer's variables before the first trace."""
+        default = not self._overrides("train_step") and _model_setup.uses_default_step(
+            self.model, "train_step"
+        )
+        _model_setup.build_variables(self.model, dataset, self.strategy, default_train_step=default)
 
     def _loop(self, kind: str) -> loops.StepLoop:
         """The engine of `kind` ("train", "eval" or "predict"), built once."""
@@ -353,14 +317,14 @@ class Trainer:
             TypeError, ValueError: bad arguments or inputs, raised before any step runs.
             NonFiniteLossError: a loss became NaN or infinite (with `terminate_on_nan`).
         """
-        fit_checks.check_count("epochs", epochs, 0)
-        fit_checks.check_count("initial_epoch", initial_epoch, 0)
+        _fit_checks.check_count("epochs", epochs, 0)
+        _fit_checks.check_count("initial_epoch", initial_epoch, 0)
         hooks.check_verbose(verbose)
-        validation_split = fit_checks.check_validation_split(validation_split)
-        validation_freq = fit_checks.check_validation_freq(validation_freq)
+        validation_split = _fit_checks.check_validation_split(validation_split)
+        validation_freq = _fit_checks.check_validation_freq(validation_freq)
         epochs = inputs.keras_epoch_limit(epochs)
         self._check_model_step("train_step", "train_step")
-        fit_checks.check_resume_sources(callbacks, self.model_dir)
+        _fit_checks.check_resume_sources(callbacks, self.model_dir)
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = inputs.split_validation(
                 x, y, sample_weight, validation_split
@@ -376,7 +340,7 @@ class Trainer:
                 class_weight=class_weight,
             )
         )
-        fit_checks.check_single_pass(
+        _fit_checks.check_single_pass(
             plan,
             epochs - initial_epoch,
             "x",
@@ -400,9 +364,9 @@ class Trainer:
                 )
             )
             validations = sum(
-                fit_checks.should_validate(epoch, validation_freq) for epoch in range(initial_epoch, epochs)
+                _fit_checks.should_validate(epoch, validation_freq) for epoch in range(initial_epoch, epochs)
             )
-            fit_checks.check_single_pass(
+            _fit_checks.check_single_pass(
                 val_plan, validations, "validation_data", "validation_steps", f"{validations} validations"
             )
             self._check_data(val_plan.dataset, "validation_data", "eval_step")
@@ -449,7 +413,7 @@ class Trainer:
                     should_stop=lambda: self.model.stop_training,
                 )
                 epoch_logs = self._final_logs(logs, "train_step")
-                if val_plan is not None and fit_checks.should_validate(epoch, validation_freq):
+                if val_plan is not None and _fit_checks.should_validate(epoch, validation_freq):
                     val_logs = self._run_evaluation(val_plan, callback_list)
                     epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
                 callback_list.on_epoch_end(epoch, epoch_logs)
@@ -469,185 +433,3 @@ class Trainer:
         if verbose != 0 and self.measure_timing:
             print(f"tftrain timing ({self.options.name}):\n{self.timing.summary()}")
         return self.model.history
-
-    # -------------------------------------------------------------- evaluate
-
-    def evaluate(
-        self,
-        x: Any = None,
-        y: Any = None,
-        batch_size: int | None = None,
-        verbose: int | str = "auto",
-        sample_weight: Any = None,
-        steps: int | None = None,
-        callbacks: list[keras.callbacks.Callback] | None = None,
-        return_dict: bool = True,
-    ) -> dict[str, float] | list[float] | float:
-        """Evaluates the model with `eval_step`, as `keras.Model.evaluate` does.
-
-        Same arguments and meanings as Keras 3's `evaluate`, with one
-        difference in default: `return_dict=True` (Keras: False).
-
-        Args:
-            x: Inputs, as for `fit`.
-            y: Targets, for array inputs only.
-            batch_size: Batch size for array inputs (default 32).
-            verbose: "auto" or 1: a progress bar; 0: silent.
-            sample_weight: Per-example weights, for array inputs only.
-            steps: Steps to run; None means one pass over the data.
-            callbacks: Keras callbacks (their `on_test_*` hooks run).
-            return_dict: Return `{name: value}` (the default here); False
-                gives Keras's default: the values in `model.metrics_names`
-                order (a scalar if there is one).
-
-        Returns:
-            The metrics at the end of the pass, as Python floats.
-        """
-        hooks.check_verbose(verbose)
-        self._check_model_step("eval_step", "test_step")
-        plan = self._plan(
-            inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
-        )
-        self._check_data(plan.dataset, "x", "eval_step")
-        self._build(plan.dataset)
-        callback_list = keras.callbacks.CallbackList(
-            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=self.model
-        )
-        logs = self._run_evaluation(plan, callback_list)
-        if return_dict:
-            return logs
-        return _keras_compat.flatten_metrics_in_order(self.model, logs)
-
-    def _run_evaluation(self, plan: inputs.EpochPlan, callback_list) -> dict[str, Any]:
-        self.model.stop_evaluating = False
-        plan.restart()
-        callback_list.on_test_begin()
-        self.reset_metrics()
-        logs = training_run.run_pass(
-            plan,
-            self._loop("eval"),
-            *hooks.batch_hooks(callback_list, "test"),
-            steps_per_loop=self.options.steps_per_loop,
-            should_stop=lambda: getattr(self.model, "stop_evaluating", False),
-        )
-        results = _keras_compat.pythonify_logs(self._final_logs(logs, "eval_step"))
-        callback_list.on_test_end(results)
-        return results
-
-    # --------------------------------------------------------------- predict
-
-    def predict(
-        self,
-        x: Any,
-        batch_size: int | None = None,
-        verbose: int | str = "auto",
-        steps: int | None = None,
-        callbacks: list[keras.callbacks.Callback] | None = None,
-    ) -> Any:
-        """Predicts with `predict_step`, as `keras.Model.predict` does, under the Trainer's engine.
-
-        Args:
-            x: Inputs, as for `fit` (targets in the data are ignored).
-            batch_size: Batch size for array inputs (default 32).
-            verbose: "auto" or 1: a progress bar; 0: silent.
-            steps: Steps to run; None means one pass over the data.
-            callbacks: Keras callbacks (their `on_predict_*` hooks run; a batch
-                hook's logs are `{"outputs": predictions of that host call}`).
-
-        Returns:
-            The predictions for every example, in the structure the step
-            returns: NumPy arrays (ragged or sparse tensors where the outputs are).
-
-        Raises:
-            ValueError: the data yielded no batch.
-        """
-        hooks.check_verbose(verbose)
-        plan = self._plan(inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
-        strategy_checks.check_global_batch(plan.dataset.element_spec, self.strategy, "x")
-        callback_list = keras.callbacks.CallbackList(
-            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=self.model
-        )
-        begin_hook, end_hook = hooks.batch_hooks(callback_list, "predict")
-        chunks: list[Any] = []
-
-        def on_batch_end(index: int, call_chunks: list[Any]) -> None:
-            chunks.extend(call_chunks)
-            end_hook(index, {"outputs": _join_predictions(call_chunks, to_numpy=False)})
-
-        self.model.stop_predicting = False
-        callback_list.on_predict_begin()
-        training_run.run_pass(
-            plan,
-            self._loop("predict"),
-            begin_hook,
-            on_batch_end,
-            steps_per_loop=self.options.steps_per_loop,
-            should_stop=lambda: getattr(self.model, "stop_predicting", False),
-        )
-        callback_list.on_predict_end()
-        if not chunks:
-            raise ValueError(
-                "Invalid value for argument `x`: it yielded no batches to predict on. Expected at least one batch."
-            )
-        return _join_predictions(chunks, to_numpy=True)
-
-    # ---------------------------------------------------------------- export
-
-    def save(self, filepath: str, *, overwrite: bool = True) -> None:
-        """Saves the model with its optimizer state to a `.keras` file (as `model.save`).
-
-        Load it with `keras.models.load_model(filepath)` (pass `custom_objects`
-        for subclassed models, or register them with
-        `keras.saving.register_keras_serializable`). Optimizers kept in a
-        Trainer subclass's own attributes are not in the file: use
-        `model_dir` checkpoints to keep a full training state.
-
-        Args:
-            filepath: The file to write; must end in `.keras`.
-            overwrite: Replace an existing file.
-
-        Raises:
-            ValueError: `filepath` does not end in `.keras`.
-        """
-        if not str(filepath).endswith(".keras"):
-            raise ValueError(
-                f"Invalid value for argument `filepath`. Received: filepath={filepath!r}. Expected a "
-                "path ending in `.keras`; for a SavedModel for serving, use `trainer.export(path)`."
-            )
-        self.model.save(filepath, overwrite=overwrite)
-
-    def export(self, filepath: str, **kwargs: Any) -> None:
-        """Exports the model as a TensorFlow SavedModel for serving (as `model.export`).
-
-        The SavedModel holds the forward pass only (no optimizer); load it
-        with `tf.saved_model.load(filepath)` and call its `serve` endpoint.
-
-        Args:
-            filepath: The directory to write.
-            **kwargs: Passed to `keras.Model.export` (e.g. `input_signature`).
-
-        Raises:
-            ValueError: the model is not built yet (train it, or call it on a batch, first).
-        """
-        if not self.model.built:
-            raise ValueError(
-                "Cannot export a model that is not built: its input shapes are unknown. Expected a "
-                "built model: train it first, call it once on a batch, or `model.build(input_shape)`."
-            )
-        self.model.export(filepath, **kwargs)
-
-
-def _join_predictions(chunks: list[Any], *, to_numpy: bool) -> Any:
-    """Per-call prediction chunks -> one structure, joined along the example axis as Keras's predict does."""
-    if len(chunks) == 1:
-        joined = chunks[0]
-    else:
-        joined = tf.nest.map_structure(
-            lambda *parts: _keras_compat.concat_batches(list(parts)), chunks[0], *chunks[1:]
-        )
-    if not to_numpy:
-        return joined
-    return tf.nest.map_structure(
-        lambda value: value if isinstance(value, tf.RaggedTensor | tf.SparseTensor) else np.asarray(value),
-        joined,
-    )

@@ -1,0 +1,152 @@
+"""`Trainer.evaluate` and `Trainer.predict`: Keras's evaluation and prediction loops on the Trainer's engines.
+
+A mixin of `tftrain.Trainer` (kept apart to keep each module small); it uses
+the Trainer's engines (`_loop`), input plans (`_plan`) and checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tftrain import _keras_compat, hooks, inputs, strategy_checks, training_run
+
+
+class InferenceMixin:
+    """`evaluate` and `predict` for `tftrain.Trainer`."""
+
+    def evaluate(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        verbose: int | str = "auto",
+        sample_weight: Any = None,
+        steps: int | None = None,
+        callbacks: list[keras.callbacks.Callback] | None = None,
+        return_dict: bool = True,
+    ) -> dict[str, float] | list[float] | float:
+        """Evaluates the model with `eval_step`, as `keras.Model.evaluate` does.
+
+        Same arguments and meanings as Keras 3's `evaluate`, with one
+        difference in default: `return_dict=True` (Keras: False).
+
+        Args:
+            x: Inputs, as for `fit`.
+            y: Targets, for array inputs only.
+            batch_size: Batch size for array inputs (default 32).
+            verbose: "auto" or 1: a progress bar; 0: silent.
+            sample_weight: Per-example weights, for array inputs only.
+            steps: Steps to run; None means one pass over the data.
+            callbacks: Keras callbacks (their `on_test_*` hooks run).
+            return_dict: Return `{name: value}` (the default here); False
+                gives Keras's default: the values in `model.metrics_names`
+                order (a scalar if there is one).
+
+        Returns:
+            The metrics at the end of the pass, as Python floats.
+        """
+        hooks.check_verbose(verbose)
+        self._check_model_step("eval_step", "test_step")
+        plan = self._plan(
+            inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
+        )
+        self._check_data(plan.dataset, "x", "eval_step")
+        self._build(plan.dataset)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=self.model
+        )
+        logs = self._run_evaluation(plan, callback_list)
+        if return_dict:
+            return logs
+        return _keras_compat.flatten_metrics_in_order(self.model, logs)
+
+    def _run_evaluation(self, plan: inputs.EpochPlan, callback_list) -> dict[str, Any]:
+        self.model.stop_evaluating = False
+        plan.restart()
+        callback_list.on_test_begin()
+        self.reset_metrics()
+        logs = training_run.run_pass(
+            plan,
+            self._loop("eval"),
+            *hooks.batch_hooks(callback_list, "test"),
+            steps_per_loop=self.options.steps_per_loop,
+            should_stop=lambda: getattr(self.model, "stop_evaluating", False),
+        )
+        results = _keras_compat.pythonify_logs(self._final_logs(logs, "eval_step"))
+        callback_list.on_test_end(results)
+        return results
+
+    def predict(
+        self,
+        x: Any,
+        batch_size: int | None = None,
+        verbose: int | str = "auto",
+        steps: int | None = None,
+        callbacks: list[keras.callbacks.Callback] | None = None,
+    ) -> Any:
+        """Predicts with `predict_step`, as `keras.Model.predict` does, under the Trainer's engine.
+
+        Args:
+            x: Inputs, as for `fit` (targets in the data are ignored).
+            batch_size: Batch size for array inputs (default 32).
+            verbose: "auto" or 1: a progress bar; 0: silent.
+            steps: Steps to run; None means one pass over the data.
+            callbacks: Keras callbacks (their `on_predict_*` hooks run; a batch
+                hook's logs are `{"outputs": predictions of that host call}`).
+
+        Returns:
+            The predictions for every example, in the structure the step
+            returns: NumPy arrays (ragged or sparse tensors where the outputs are).
+
+        Raises:
+            ValueError: the data yielded no batch.
+        """
+        hooks.check_verbose(verbose)
+        plan = self._plan(inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
+        strategy_checks.check_global_batch(plan.dataset.element_spec, self.strategy, "x")
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=self.model
+        )
+        begin_hook, end_hook = hooks.batch_hooks(callback_list, "predict")
+        chunks: list[Any] = []
+
+        def on_batch_end(index: int, call_chunks: list[Any]) -> None:
+            chunks.extend(call_chunks)
+            end_hook(index, {"outputs": _join_predictions(call_chunks, to_numpy=False)})
+
+        self.model.stop_predicting = False
+        callback_list.on_predict_begin()
+        training_run.run_pass(
+            plan,
+            self._loop("predict"),
+            begin_hook,
+            on_batch_end,
+            steps_per_loop=self.options.steps_per_loop,
+            should_stop=lambda: getattr(self.model, "stop_predicting", False),
+        )
+        callback_list.on_predict_end()
+        if not chunks:
+            raise ValueError(
+                "Invalid value for argument `x`: it yielded no batches to predict on. Expected at least one batch."
+            )
+        return _join_predictions(chunks, to_numpy=True)
+
+
+def _join_predictions(chunks: list[Any], *, to_numpy: bool) -> Any:
+    """Per-call prediction chunks -> one structure, joined along the example axis as Keras's predict does."""
+    if len(chunks) == 1:
+        joined = chunks[0]
+    else:
+        joined = tf.nest.map_structure(
+            lambda *parts: _keras_compat.concat_batches(list(parts)), chunks[0], *chunks[1:]
+        )
+    if not to_numpy:
+        return joined
+    return tf.nest.map_structure(
+        lambda value: value if isinstance(value, tf.RaggedTensor | tf.SparseTensor) else np.asarray(value),
+        joined,
+    )
