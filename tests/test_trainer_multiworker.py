@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 JOB = os.path.join(os.path.dirname(__file__), "jobs", "multiworker_job.py")
-CONFIGS = ["keras_model", "steps_per_loop", "custom_model", "hand_written"]
+CONFIGS = ["keras_model", "steps_per_loop", "custom_model", "hand_written", "outside_optimizer"]
 TIMEOUT_S = 240
 
 

@@ -63,12 +63,17 @@ def build(config):
     hidden = keras.layers.Dense(8, activation="relu")(inputs)
     cls = ClippedModel if config == "custom_model" else keras.Model
     model = cls(inputs, keras.layers.Dense(3)(hidden))
-    model.compile(
-        keras.optimizers.SGD(0.1),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    if config != "outside_optimizer":  # compiled by the Trainer, with an optimizer made outside the scope
+        model.compile(**compile_args())
+    return model
+
+
+def compile_args():
+    return dict(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    return model
 
 
 CONFIGS = {
@@ -76,6 +81,7 @@ CONFIGS = {
     "steps_per_loop": (tftrain.Trainer, {"steps_per_loop": 3}),
     "custom_model": (tftrain.Trainer, {}),
     "hand_written": (HandWritten, {}),
+    "outside_optimizer": (tftrain.Trainer, {}),
 }
 
 
@@ -83,6 +89,8 @@ def train(config, strategy):
     trainer_class, kwargs = CONFIGS[config]
     with strategy.scope():
         model = build(config)
+    if config == "outside_optimizer":
+        kwargs = dict(kwargs, **compile_args())  # the SGD instance is created here, outside the scope
     history = trainer_class(model, strategy=strategy, **kwargs).fit(make_dataset(), epochs=2, verbose=0)
     return model, {key: values[-1] for key, values in history.history.items()}
 
