@@ -11,6 +11,8 @@ def test_every_accessor_finds_its_api_in_the_installed_keras():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile("sgd", "mse", metrics=["mae"])
     assert issubclass(_keras_compat.functional_class(), keras.Model)
+    assert _keras_compat.functional_init_arguments(("inputs", "outputs"), {})
+    assert not _keras_compat.functional_init_arguments((), {"name": "m"})
     _keras_compat.symbolic_build(model, (tf.TensorSpec((None, 3)), tf.TensorSpec((None, 2))))
     assert model.optimizer.built
     assert _keras_compat.loss_tracker(model).name == "loss"
@@ -51,3 +53,21 @@ def test_a_missing_model_method_is_loud_not_a_fallback(monkeypatch):
     monkeypatch.setattr(type(model), "_symbolic_build", None, raising=False)
     with pytest.raises(_keras_compat.KerasInternalsError, match="Sequential._symbolic_build"):
         _keras_compat.symbolic_build(model, tf.TensorSpec((None, 3)))
+
+
+def test_replace_base_rewrites_the_hierarchy_below_the_new_base():
+    class Old:
+        pass
+
+    class New(Old):
+        pass
+
+    class Middle(Old):
+        pass
+
+    class Leaf(Middle):
+        pass
+
+    _keras_compat.replace_base(Leaf, Old, New)
+    assert Middle.__bases__ == (New,) and New.__bases__ == (Old,)
+    assert issubclass(Leaf, New)

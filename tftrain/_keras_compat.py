@@ -66,6 +66,28 @@ def functional_class() -> type:
     return _attribute("keras.src.models.functional", "Functional", "functional CustomModels")
 
 
+def functional_init_arguments(args: tuple, kwargs: dict) -> bool:
+    """Whether model constructor arguments are `(inputs, outputs)`, as Keras decides it.
+
+    Keras makes a `Model` subclass called with them functional; `CustomModel`
+    must decide the same way to give such a class its functional twin.
+    """
+    decide = _attribute("keras.src.models.model", "functional_init_arguments", "functional CustomModels")
+    return bool(decide(args, kwargs))
+
+
+def replace_base(cls: type, old: type, new: type) -> None:
+    """Replaces base class `old` by `new` wherever it appears in `cls`'s hierarchy (except in `new`).
+
+    What Keras itself does to make a subclass functional (it rewrites
+    `__bases__` in `inject_functional_model_class`); done for `CustomModel`
+    so that Keras's rewrite never reaches `CustomModel` itself.
+    """
+    for klass in cls.__mro__:
+        if old in klass.__bases__ and klass is not new:
+            klass.__bases__ = tuple(new if base is old else base for base in klass.__bases__)
+
+
 def symbolic_build(model: keras.Model, data_batch: Any) -> None:
     """Creates a compiled model's variables (layers, metrics, loss, optimizer) from a batch spec.
 

@@ -32,15 +32,6 @@ def _unscale_loss_for_distribution(loss: tf.Tensor) -> tf.Tensor:
     return loss
 
 
-def _functional_arguments(args: tuple, kwargs: dict) -> bool:
-    """Whether constructor arguments are `(inputs, outputs)` (as Keras decides)."""
-    return (
-        len(args) == 2
-        or (len(args) == 1 and "outputs" in kwargs)
-        or ("inputs" in kwargs and "outputs" in kwargs)
-    )
-
-
 class CustomModel(keras.Model):
     """A `keras.Model` with a train step split into overridable pieces.
 
@@ -69,16 +60,16 @@ class CustomModel(keras.Model):
     # (breaking every subclassed CustomModel). Instead, the user's class gets
     # the functional twin `FunctionalCustomModel` as its base.
     def __new__(cls, *args, **kwargs):
-        if cls is CustomModel and _functional_arguments(args, kwargs):
+        if cls is CustomModel and _keras_compat.functional_init_arguments(args, kwargs):
             cls = FunctionalCustomModel
         return super().__new__(cls, *args, **kwargs)
 
     def __init__(self, *args, **kwargs):
-        if not _functional_arguments(args, kwargs):
+        if not _keras_compat.functional_init_arguments(args, kwargs):
             super().__init__(*args, **kwargs)
             return
         if not isinstance(self, Functional):
-            _attach_functional_twin(type(self))
+            _keras_compat.replace_base(type(self), CustomModel, FunctionalCustomModel)
         # The next class after CustomModel in the MRO is now Functional.
         super().__init__(*args, **kwargs)
 
@@ -149,12 +140,3 @@ class CustomModel(keras.Model):
 
 class FunctionalCustomModel(CustomModel, Functional):
     """CustomModel built from `(inputs, outputs)`: CustomModel's steps, Functional's graph."""
-
-
-def _attach_functional_twin(cls: type) -> None:
-    """Makes `cls` functional by replacing `CustomModel` with its functional twin in its bases."""
-    for klass in cls.__mro__:
-        if CustomModel in klass.__bases__ and klass is not FunctionalCustomModel:
-            klass.__bases__ = tuple(
-                FunctionalCustomModel if base is CustomModel else base for base in klass.__bases__
-            )
