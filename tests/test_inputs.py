@@ -348,3 +348,10 @@ def test_infinite_dataset_with_steps_never_restarts():
         seen += values(plan.begin_epoch(), 2)
         plan.end_epoch(2, data_ended=False)
     assert seen == [0, 1, 2, 0, 1, 2]
+
+
+def test_an_already_distributed_dataset_is_refused_with_the_fix():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    distributed = strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
+    with pytest.raises(TypeError, match="Expected the tf.data.Dataset itself"):
+        inputs.adapt(distributed)

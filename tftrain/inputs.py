@@ -173,6 +173,12 @@ def adapt(
             stacklevel=3,
         )
         batch_size = None
+    if isinstance(x, tf.distribute.DistributedDataset):
+        raise TypeError(
+            f"Invalid value for argument `{argument}`. Received: a {type(x).__name__} (a dataset distributed "
+            "already). Expected the tf.data.Dataset itself: the Trainer distributes it over its strategy's "
+            "replicas (`Trainer(..., strategy=...)`)."
+        )
     if kind == "dataset":
         _check_batched(x, argument)
     try:
