@@ -134,9 +134,18 @@ def same_hooks(keras_recorder: Recorder, trainer_recorder: Recorder) -> None:
     ]
 
 
-def same_events(keras_recorder: Recorder, trainer_recorder: Recorder) -> None:
-    """The full hook sequences agree: names, indices, log keys and value types."""
+def same_events(keras_recorder: Recorder, trainer_recorder: Recorder, rtol: float = 1e-5) -> None:
+    """The full hook sequences agree: names, indices, log keys, value types and values, and params."""
     assert _comparable(trainer_recorder.events) == _comparable(keras_recorder.events)
+    assert trainer_recorder.params_seen == keras_recorder.params_seen
+    for (hook, index, expected), (_, _, got) in zip(
+        keras_recorder.values, trainer_recorder.values, strict=True
+    ):
+        assert sorted(got) == sorted(expected), (hook, index)
+        for key in expected:
+            np.testing.assert_allclose(
+                got[key], expected[key], rtol=rtol, atol=1e-6, err_msg=f"{hook} {index} {key}"
+            )
 
 
 def fit_both(
@@ -158,7 +167,8 @@ def fit_both(
         engine: A key of `ENGINE_TRAINER`.
         data_args: Positional arguments of `fit` (e.g. `(x, y)`); a callable
             returns them fresh (for generators).
-        fit_kwargs: Keyword arguments of `fit`.
+        fit_kwargs: Keyword arguments of `fit`; a callable `validation_data`
+            is called for each side, after `data_args`.
         callbacks: A function returning the callbacks for one run (called twice).
         trainer_kwargs: More Trainer arguments.
         seed: Set before each fit, so shuffling and dropout draw the same.
@@ -174,13 +184,16 @@ def fit_both(
         recorder = Recorder()
         extra = list(callbacks()) if callbacks else []
         args = data_args() if callable(data_args) else data_args
+        side_kwargs = dict(fit_kwargs)
+        if callable(side_kwargs.get("validation_data")):  # fresh for each side, made after `data_args`
+            side_kwargs["validation_data"] = side_kwargs["validation_data"]()
         keras.utils.set_random_seed(seed)
         if side == "keras":
             compile_for(model, engine, compile_kwargs())
-            history = model.fit(*args, callbacks=[recorder, *extra], **fit_kwargs)
+            history = model.fit(*args, callbacks=[recorder, *extra], **side_kwargs)
         else:
             model.compile(**compile_kwargs(), jit_compile=False)
             trainer = tftrain.Trainer(model, **ENGINE_TRAINER[engine], **(trainer_kwargs or {}))
-            history = trainer.fit(*args, callbacks=[recorder, *extra], **fit_kwargs)
+            history = trainer.fit(*args, callbacks=[recorder, *extra], **side_kwargs)
         results += [model, history, recorder]
     return tuple(results)

@@ -1,6 +1,7 @@
 """Trainer: every engine trains like model.fit; callbacks, history, styles, bad input."""
 
 import csv
+import warnings
 
 import keras
 import numpy as np
@@ -464,3 +465,29 @@ def test_predict_and_evaluate_take_keras_inputs():
     assert trainer.evaluate(x, y, verbose=0, steps=2, batch_size=4) == pytest.approx(
         model.evaluate(x, y, verbose=0, steps=2, batch_size=4, return_dict=True)
     )
+
+
+def test_a_py_dataset_without_a_length_needs_steps_per_epoch():
+    class Endless(keras.utils.PyDataset):
+        @property
+        def num_batches(self):
+            return None
+
+        def __getitem__(self, index):
+            return np.zeros((2, 6), "float32"), np.zeros(2, "int32")
+
+    trainer = Trainer(make_mlp(), **compile_args())
+    with pytest.raises(ValueError, match="never ends.*steps_per_epoch=None"):
+        trainer.fit(Endless(), verbose=0)
+    history = trainer.fit(Endless(), steps_per_epoch=3, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2 and int(trainer.optimizer.iterations) == 6
+
+
+def test_validation_dataset_with_array_batch_size_does_not_warn():
+    x, y = labelled()
+    trainer = Trainer(make_mlp(), **compile_args())
+    validation = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(x, y, batch_size=8, validation_data=validation, shuffle=False, verbose=0)
+    assert not [w for w in caught if "batch_size" in str(w.message)]

@@ -193,7 +193,7 @@ def test_a_dataset_that_reshuffles_each_epoch_gets_keras_orders():
             mlp(),
             classifier_compile,
             data_args=lambda: (reshuffled(),),
-            fit_kwargs=dict(epochs=3, validation_data=reshuffled()),
+            fit_kwargs=dict(epochs=3, validation_data=reshuffled),  # fresh for each side
         )
     )
 
@@ -224,14 +224,48 @@ class Batches(keras.utils.PyDataset):
 )
 def test_py_dataset_matches_keras(options):
     x, y = data()
+    made = []
+
+    def make_data():
+        made.append((Batches(x, y, **options), Batches(x[:16], y[:16], **options)))
+        return (made[-1][0],)
+
     check_all(
         fit_both(
             mlp(),
             classifier_compile,
-            data_args=lambda: (Batches(x, y, **options),),
-            fit_kwargs=dict(epochs=2, shuffle=False),
+            data_args=make_data,
+            fit_kwargs=dict(epochs=2, shuffle=False, validation_data=lambda: made[-1][1]),
         )
     )
+    (keras_train, keras_val), (train, val) = made
+    # Keras resets its epoch iterators (on_epoch_end) before training and each validation too.
+    assert (train.epoch_ends, val.epoch_ends) == (keras_train.epoch_ends, keras_val.epoch_ends)
+    assert keras_train.epoch_ends == 3 and keras_val.epoch_ends == 4
+
+
+def test_known_length_pass_that_steps_per_epoch_does_not_divide_matches_keras():
+    x, y = data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # 6 batches, known
+    with pytest.warns(UserWarning, match="ran out of data"):
+        check_all(
+            fit_both(
+                mlp(), classifier_compile, data_args=(dataset,), fit_kwargs=dict(epochs=3, steps_per_epoch=4)
+            )
+        )
+
+
+def test_predict_with_dense_then_ragged_outputs_on_one_trainer():
+    class Identity(keras.Model):
+        def call(self, x):
+            return x
+
+    trainer = tftrain.Trainer(Identity(), steps_per_loop=2)
+    dense = np.arange(10, dtype="float32").reshape(5, 2)
+    np.testing.assert_array_equal(trainer.predict(dense, batch_size=2, verbose=0), dense)
+    ragged = tf.ragged.constant([[1.0], [2.0, 3.0], [4.0]])
+    predicted = trainer.predict(ragged, batch_size=2, verbose=0)
+    assert isinstance(predicted, tf.RaggedTensor) and predicted.to_list() == ragged.to_list()
 
 
 def test_python_generator_with_steps_matches_keras():
@@ -354,6 +388,24 @@ def test_keras_config_limits_are_honoured():
         keras.config.set_max_steps_per_epoch(None)
     check_all(result)
     assert len(result[4].history["loss"]) == 2 and int(result[3].optimizer.iterations) == 6
+
+
+def test_a_keras_config_step_limit_above_the_data_is_only_a_cap():
+    if not hasattr(keras.config, "set_max_steps_per_epoch"):
+        pytest.skip("keras.config.set_max_steps_per_epoch needs Keras >= 3.10")
+    x, y = data()
+    keras.config.set_max_steps_per_epoch(100)
+    try:
+        result = fit_both(
+            mlp(), classifier_compile, data_args=(x, y), fit_kwargs=dict(batch_size=8, epochs=2)
+        )
+        model = result[3]
+        logs = tftrain.Trainer(model).evaluate(x, y, batch_size=8, verbose=0)
+        predictions = tftrain.Trainer(model).predict(x, batch_size=8, verbose=0)
+    finally:
+        keras.config.set_max_steps_per_epoch(None)
+    weights_close(result[0], model)
+    assert int(model.optimizer.iterations) == 12 and predictions.shape == (48, 3) and "loss" in logs
 
 
 # ------------------------------------------------------------------ guide-style models

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain import _keras_compat, hooks, inputs, strategy_checks, training_run
+from tftrain import _keras_compat, hooks, inputs, training_run
 
 
 class InferenceMixin:
@@ -66,7 +66,7 @@ class InferenceMixin:
 
     def _run_evaluation(self, plan: inputs.EpochPlan, callback_list) -> dict[str, Any]:
         self.model.stop_evaluating = False
-        plan.restart()
+        plan.reset()
         callback_list.on_test_begin()
         self.reset_metrics()
         logs = training_run.run_pass(
@@ -107,7 +107,6 @@ class InferenceMixin:
         """
         hooks.check_verbose(verbose)
         plan = self._plan(inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
-        strategy_checks.check_global_batch(plan.dataset.element_spec, self.strategy, "x")
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=self.model
         )
@@ -129,10 +128,6 @@ class InferenceMixin:
             should_stop=lambda: getattr(self.model, "stop_predicting", False),
         )
         callback_list.on_predict_end()
-        if not chunks:
-            raise ValueError(
-                "Invalid value for argument `x`: it yielded no batches to predict on. Expected at least one batch."
-            )
         return _join_predictions(chunks, to_numpy=True)
 
 

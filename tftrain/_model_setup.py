@@ -18,7 +18,6 @@ from tftrain.model import CustomModel
 _DEFAULT_MODEL_STEPS = {
     "train_step": (keras.Model.train_step, CustomModel.train_step),
     "test_step": (keras.Model.test_step, CustomModel.test_step),
-    "predict_step": (keras.Model.predict_step,),
 }
 
 

@@ -160,7 +160,8 @@ def adapt(
     """
     check_optional_count("batch_size", batch_size)
     check_optional_count(steps_argument, steps)
-    steps = keras_step_limit(steps, steps_argument)
+    limited = keras_step_limit(steps, steps_argument)
+    steps, from_limit = limited, limited != steps
     kind = input_kind(x)
     if x is None:
         raise TypeError(
@@ -205,10 +206,16 @@ def adapt(
             raise _py_dataset_error(x, error, argument) from error
         raise
     num_batches = adapter.num_batches
-    if num_batches is not None and int(dataset.cardinality()) == tf.data.UNKNOWN_CARDINALITY:
-        # Keras knows the length (arrays, a PyDataset's len); tell tf.data, so the
-        # loop need not look ahead for the end, and progress bars know the total.
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_batches))
+    if int(dataset.cardinality()) == tf.data.UNKNOWN_CARDINALITY:
+        # Keras knows the length (arrays, a PyDataset's len, or a PyDataset without
+        # one never ends); tell tf.data, so the loop need not look ahead for the
+        # end, progress bars know the total, and endless data needs steps.
+        if num_batches is not None:
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_batches))
+        elif kind == "py_dataset":
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    if from_limit and 0 < int(dataset.cardinality()) < steps:
+        steps = int(dataset.cardinality())  # keras.config's cap is an upper bound, not a request
     return AdaptedInput(
         dataset=dataset,
         adapter=adapter,
@@ -333,17 +340,31 @@ class EpochPlan:
             return self.steps_per_epoch
         return self._batches_per_pass
 
+    def batches_left(self, steps_this_epoch: int) -> int | None:
+        """Batches left in the current pass (None while its length is unknown)."""
+        if self._batches_per_pass is None or self._iterator is None:
+            return None
+        return self._batches_per_pass - self._seen_in_pass - steps_this_epoch
+
     def begin_epoch(self) -> Iterator[Any]:
         """Starts an epoch (a PyDataset's `on_epoch_begin`); returns the iterator it reads from."""
         if self.data.adapter is not None and not self._in_epoch:
+            self._in_epoch = True  # first: `close` must end the epoch even if the hook raises
             self.data.adapter.on_epoch_begin()
         self._in_epoch = True
         return self.next_iterator()
 
-    def restart(self) -> None:
-        """Makes the next epoch a fresh pass from the first batch (each evaluation, as Keras's)."""
+    def reset(self) -> None:
+        """Makes the next epoch a fresh pass from the first batch, as Keras's epoch iterator `reset()`.
+
+        Keras resets before training and before each evaluation, which also runs
+        the adapter's `on_epoch_end` (a PyDataset shuffling there reshuffles).
+        """
+        self.close()
         self._iterator = None
         self._seen_in_pass = 0
+        if self.data.adapter is not None:
+            self.data.adapter.on_epoch_end()
 
     def next_iterator(self) -> Iterator[Any]:
         """The iterator the next training step reads from (starting a new pass if due).

@@ -180,7 +180,7 @@ class StepLoop:
             else:
                 self._graph_loop = _make_graph_loop(step, strategy, stop_on_nonfinite)
         self.in_graph = self._graph_loop is not None
-        self._outputs_checked = False
+        self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
         self._num_steps_cache: dict[int, tf.Tensor] = {}
 
     def _dense_outputs(self, iterator: Any) -> bool:
@@ -209,11 +209,15 @@ class StepLoop:
         Returns:
             A `LoopResult`.
         """
-        if self.collect and not self._outputs_checked and self._graph_loop is not None:
-            self._outputs_checked = True
-            if not self._dense_outputs(iterator):
-                self._graph_loop = None  # a TensorArray holds dense tensors only: join others on the host
-        if self._graph_loop is None:
+        graph_loop = self._graph_loop
+        if self.collect and graph_loop is not None:
+            # A TensorArray holds dense tensors only: other outputs are joined on the host.
+            key = repr(iterator.element_spec)
+            if key not in self._dense_by_input:
+                self._dense_by_input[key] = self._dense_outputs(iterator)
+            if not self._dense_by_input[key]:
+                graph_loop = None
+        if graph_loop is None:
             return _host_loop(
                 self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite, self.collect, first
             )
@@ -221,7 +225,7 @@ class StepLoop:
         count = self._num_steps_cache.get(num_steps)
         if count is None:
             count = self._num_steps_cache[num_steps] = tf.constant(num_steps, tf.int32)
-        steps, examples, outputs, nonfinite = self._graph_loop(iterator, count, first)
+        steps, examples, outputs, nonfinite = graph_loop(iterator, count, first)
         steps = int(steps)
         if steps == 0:
             return LoopResult(0, 0, None)

@@ -210,6 +210,11 @@ class StepTimer:
         """Starts the clock for one host call."""
         self._start = time.perf_counter()
 
+    def exclude(self, seconds: float) -> None:
+        """Leaves `seconds` spent inside the current call out of its time (e.g. a callback hook)."""
+        if self._start is not None:
+            self._start += seconds
+
     def end_call(self, steps: int, examples: int | None, traced: bool) -> None:
         """Stops the clock and files the call.
 

@@ -290,8 +290,8 @@ class Trainer(InferenceMixin, ExportMixin):
             y: Targets, for array inputs only.
             batch_size: Batch size for array inputs (default 32).
             epochs: Index of the last epoch (trains `epochs - initial_epoch` epochs).
-            verbose: "auto" or 1: a progress bar per epoch (and the timing
-                summary at the end); 2: one line per epoch; 0: silent.
+            verbose: "auto" or 1: a progress bar per epoch; 2: one line per
+                epoch (both print the timing summary at the end); 0: silent.
             callbacks: Keras callbacks.
             validation_split: Fraction of array inputs (the last examples,
                 before shuffling) held out for validation.
@@ -357,7 +357,8 @@ class Trainer(InferenceMixin, ExportMixin):
                     val_x,
                     val_y,
                     val_sample_weight,
-                    batch_size=validation_batch_size or batch_size,
+                    batch_size=validation_batch_size
+                    or (batch_size if inputs.input_kind(val_x) == "arrays" else None),
                     steps=validation_steps,
                     argument="validation_data",
                     steps_argument="validation_steps",
@@ -370,6 +371,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 val_plan, validations, "validation_data", "validation_steps", f"{validations} validations"
             )
             self._check_data(val_plan.dataset, "validation_data", "eval_step")
+        plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
         self._build(plan.dataset)
         train_loop = self._loop("train")
         timer = timing.StepTimer()
@@ -427,6 +429,7 @@ class Trainer(InferenceMixin, ExportMixin):
             callback_list.on_train_end(logs=training_logs)
         finally:
             run.close()
+            plan.close()
             if val_plan is not None:
                 val_plan.close()
         self.timing = timer.report(run.trace_count())

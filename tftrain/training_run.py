@@ -364,29 +364,37 @@ def run_pass(
     Every `on_batch_begin` is matched by an `on_batch_end`: where no count
     says where the data ends, the next batch is fetched before the hook.
     """
-    iterator = plan.begin_epoch()
     target = plan.steps
     step = run.progress.step_in_epoch if run is not None else 0
     logs, data_ended = None, False
     try:
+        iterator = plan.begin_epoch()
         while target is None or step < target:
             wanted = steps_per_loop
             if target is not None:
                 wanted = min(wanted, target - step)
+            left = plan.batches_left(step)
+            if left is not None:
+                if left <= 0:  # the pass ended before the epoch: no hook for a call with no step
+                    data_ended = True
+                    break
+                wanted = min(wanted, left)
             if run is not None:
                 wanted = run.steps_allowed(wanted)
+                run.before_call()
+            if timer is not None:
+                timer.begin_call()
             first = None
             if plan.may_end_unannounced:
-                first = step_loop.peek(iterator)
+                first = step_loop.peek(iterator)  # part of the call's time: it fetched the first batch
                 if not first.has_value():
                     data_ended = True
                     break
-            if run is not None:
-                run.before_call()
+            hook_start = time.perf_counter()
             on_batch_begin(step)
-            traces_before = step_loop.trace_counter.count
             if timer is not None:
-                timer.begin_call()
+                timer.exclude(time.perf_counter() - hook_start)
+            traces_before = step_loop.trace_counter.count
             result = step_loop(iterator, wanted, first)
             if timer is not None:
                 hooks.block_until_ready(result.logs)
