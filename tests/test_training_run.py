@@ -1,5 +1,7 @@
 """The non-finite loss guard: training stops at the step whose loss is NaN, on every engine."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -211,3 +213,17 @@ def test_resume_into_an_unbuilt_model_is_a_clear_error(tmp_path):
     rerun(np.zeros((1, 6), "float32"))  # built by a call: the fix the error suggests
     trainer.fit(regression_data(nan_batch=None), epochs=2, verbose=0)  # built: resumes at epoch 2
     assert int(rerun.optimizer.iterations) == 2 * STEPS_PER_EPOCH
+
+
+def test_options_touch_no_directory_until_a_run_starts(tmp_path):
+    from tftrain.training_run import RunOptions
+
+    model_dir = tmp_path / "not" / "yet"
+    options = RunOptions(model_dir=str(model_dir), checkpoint_every_steps=2)
+    assert options.model_dir == str(model_dir) and not model_dir.exists()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.max_to_keep = 3
+    trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir=str(model_dir))
+    assert not model_dir.exists()
+    trainer.fit(np.zeros((4, 6), "float32"), np.zeros((4, 3), "float32"), batch_size=2, verbose=0)
+    assert (model_dir / "checkpoints").is_dir()

@@ -17,21 +17,87 @@ import os
 
 import keras
 
-from tftrain import _keras_compat, summaries, training_run
+from tftrain import _keras_compat, _services, loops, summaries, training_run
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.timing import Timing
 
-__all__ = ["CheckpointAndResume", "TensorBoardSummaries", "Timing", "standard_callbacks"]
+__all__ = ["CheckpointAndResume", "ServicesCallback", "TensorBoardSummaries", "Timing", "standard_callbacks"]
 
 
-class TensorBoardSummaries(keras.callbacks.Callback):
+class ServicesCallback(keras.callbacks.Callback):
+    """Drives the Trainer's services (`tftrain._services`) from `keras.Model.fit`'s hooks.
+
+    The thin adapter between Keras's callback protocol and the services'
+    protocol: it keeps the global step from the epoch and batch indices, and
+    turns each `on_train_batch_end` into the services' `after_call` for the
+    steps since the last one. `model.fit` decides its host calls itself, so
+    the services' boundaries (`next_stop`) cannot cut them here.
+    Subclasses build their services in `make_services`.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.services: list[_services.Service] = []
+        self.progress = checkpoint_lib.Progress()
+        self._epoch_start = 0
+        self.epoch_steps: int | None = None
+
+    def make_services(self) -> list[_services.Service]:
+        """The services to drive, built when training begins."""
+        return []
+
+    def latest_checkpoint(self) -> str | None:
+        """No checkpoints of their own: the NaN guard's message names none."""
+        return None
+
+    def service_states(self) -> dict:
+        return {}
+
+    def on_train_begin(self, logs=None):
+        self.services = self.make_services()
+        self.progress = checkpoint_lib.Progress()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        steps = self.params.get("steps")
+        # A resumed fit starts at a later epoch: its first step is epoch * steps + 1.
+        self._epoch_start = epoch * steps if steps else self.progress.global_step
+        self.progress.epoch = epoch
+        self.progress.global_step = self._epoch_start
+        self.progress.step_in_epoch = 0
+        self.epoch_steps = steps
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.progress.global_step = self._epoch_start + batch
+        for service in self.services:
+            service.before_call(self)
+
+    def on_train_batch_end(self, batch, logs=None):
+        before = self.progress.global_step
+        self.progress.global_step = self._epoch_start + batch + 1
+        self.progress.step_in_epoch = batch + 1
+        result = loops.LoopResult(self.progress.global_step - before, None, logs)
+        for service in self.services:
+            service.after_call(self, result)
+
+    def on_epoch_end(self, epoch, logs=None):
+        for service in self.services:
+            service.end_epoch(self, dict(logs or {}))
+
+    def on_train_end(self, logs=None):
+        for service in self.services:
+            service.close()
+        self.services = []
+
+
+class TensorBoardSummaries(ServicesCallback):
     """Writes the Trainer's TensorBoard summaries from `model.fit`.
 
     Event files go to `log_dir/train` and `log_dir/validation`: `epoch_*`
     scalars at each epoch end, `step_*` scalars every `every_steps` steps,
     `learning_rate`, and, given a `Timing` callback listed before this one,
     `steps_per_sec`, `examples_per_sec`, `step_time_s` and `trace_time_s`.
-    The x axis is the global training step.
+    The x axis is the global training step. The same summary and profiler
+    services as the Trainer's write them.
 
     Args:
         log_dir: The run's directory.
@@ -59,56 +125,22 @@ class TensorBoardSummaries(keras.callbacks.Callback):
         self.every_steps = every_steps
         self.profile_steps = summaries.check_profile_steps(profile_steps)
         self.timing = timing
-        self._writer: summaries.TrainingSummaries | None = None
-        self._profile: summaries.ProfileWindow | None = None
-        self._step = 0
-        self._epoch_start = 0
-        self._trace_written = False
 
-    def on_train_begin(self, logs=None):
-        steps, epochs = self.params.get("steps"), self.params.get("epochs")
+    def make_services(self) -> list[_services.Service]:
+        services: list[_services.Service] = []
         if self.profile_steps is not None:
+            steps, epochs = self.params.get("steps"), self.params.get("epochs")
             total = steps * epochs if steps and epochs else None
             window = summaries.check_profile_steps(self.profile_steps, total)
-            self._profile = summaries.ProfileWindow(os.path.join(self.log_dir, "train"), window)
-        self._writer = summaries.TrainingSummaries(self.log_dir, every_steps=self.every_steps)
-        self._trace_written = False
-
-    def on_epoch_begin(self, epoch, logs=None):
-        steps = self.params.get("steps")
-        # A resumed fit starts at a later epoch: its first step is epoch * steps + 1.
-        self._epoch_start = epoch * steps if steps else self._step
-        self._step = self._epoch_start
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self._profile is not None:
-            self._profile.before_steps(self._epoch_start + batch)
-
-    def on_train_batch_end(self, batch, logs=None):
-        before, self._step = self._step, self._epoch_start + batch + 1
-        if self._profile is not None:
-            self._profile.after_steps(self._step)
-        timer = self.timing.timer if self.timing is not None else None
-        if timer is not None and not self._trace_written and timer.first_call_s is not None:
-            self._writer.on_trace(self._step, timer.first_call_s)
-            self._trace_written = True
-        if self._writer.due(before, self._step):
-            self._writer.on_steps(
-                self._step,
-                logs,
-                learning_rate=summaries.learning_rate_of(self.model.optimizer),
-                rates=timer.take_window() if timer is not None else None,
+            services.append(
+                _services.ProfilerService(
+                    summaries.ProfileWindow(os.path.join(self.log_dir, "train"), window)
+                )
             )
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._writer.on_epoch_end(
-            self._step, logs, learning_rate=summaries.learning_rate_of(self.model.optimizer)
-        )
-
-    def on_train_end(self, logs=None):
-        if self._profile is not None:
-            self._profile.close()
-        self._writer.close()
+        timer = self.timing.timer if self.timing is not None else None
+        writer = summaries.TrainingSummaries(self.log_dir, every_steps=self.every_steps)
+        services.append(_services.SummaryService(writer, timer, self.model.optimizer))
+        return services
 
 
 class CheckpointAndResume(keras.callbacks.Callback):

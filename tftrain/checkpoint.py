@@ -35,6 +35,7 @@ from tftrain.checkpoint_validation import (
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     check_compatible,
+    check_directory_path,
     ensure_writable_directory,
     read_all_tensors,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "NonFiniteStateError",
     "Progress",
     "attribute_state",
+    "check_directory_path",
     "ensure_writable_directory",
     "seed_generator_states",
     "training_state",
@@ -183,7 +185,9 @@ class Checkpointer:
                 for field in dataclasses.fields(Progress)
             }
             self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
-            self._timing = tf.Variable("", dtype=tf.string, trainable=False, name="timing_state")
+            # The services' states, as JSON. Saved under the key "timing": its name from
+            # before other services kept state (older checkpoints hold the timer's alone).
+            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="timing_state")
         self._state_fn = state if callable(state) else (lambda: dict(state))
         self._data = tf.Module(name="data")
         self._iterator_unsaveable_reason: str | None = None
@@ -191,11 +195,11 @@ class Checkpointer:
             **self._state_fn(),
             progress=self._progress,
             iterator_saved=self._iterator_saved,
-            timing=self._timing,
+            timing=self._service_states,
             data=self._data,
         )
         self._manager: tf.train.CheckpointManager | None = None
-        self.timing_state: dict[str, Any] | None = None
+        self.service_states: dict[str, Any] = {}
         self.iterator_restored = False
 
     # ------------------------------------------------------------------ paths
@@ -336,7 +340,7 @@ class Checkpointer:
             **self._state_fn(),
             progress=self._progress,
             iterator_saved=self._iterator_saved,
-            timing=self._timing,
+            timing=self._service_states,
         )
         state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
         check_compatible(path, reader, state_root)
@@ -360,8 +364,11 @@ class Checkpointer:
         self._root.save_counter.assign(state_root.save_counter)
         progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
         self.iterator_restored = restore_iterator
-        timing_json = self._timing.numpy().decode()
-        self.timing_state = json.loads(timing_json) if timing_json else None
+        saved = self._service_states.numpy().decode()
+        states = json.loads(saved) if saved else {}
+        if "timer" in states:  # a checkpoint written before services kept state: the timer's alone
+            states = {"timing": states}
+        self.service_states = states
         return progress
 
     def _drop_newer(self, good: str, damaged: list[str]) -> None:
@@ -407,7 +414,7 @@ class Checkpointer:
         )
 
     def save(
-        self, progress: Progress, iterator: Any = None, timing_state: dict[str, Any] | None = None
+        self, progress: Progress, iterator: Any = None, service_states: dict[str, Any] | None = None
     ) -> str:
         """Writes a checkpoint of the current state.
 
@@ -416,7 +423,8 @@ class Checkpointer:
             iterator: The iterator the next training step reads from; saved
                 if `tf.data` can save it, else the run resumes by skipping
                 `progress.batches_in_pass` batches.
-            timing_state: JSON-serializable timer state.
+            service_states: The run's services' states by name
+                (JSON-serializable), read back as `service_states` on restore.
 
         Returns:
             The checkpoint's path prefix.
@@ -427,7 +435,7 @@ class Checkpointer:
         self.check_finite()
         for name, variable in self._progress.items():
             variable.assign(getattr(progress, name))
-        self._timing.assign(json.dumps(timing_state) if timing_state else "")
+        self._service_states.assign(json.dumps(service_states) if service_states else "")
         for name, value in self._state_fn().items():
             setattr(self._root, name, value)
         if (

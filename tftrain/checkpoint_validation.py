@@ -155,6 +155,43 @@ def read_all_tensors(reader: tf.train.CheckpointReader) -> None:
             reader.get_tensor(key)
 
 
+def check_directory_path(path: Any, argument: str) -> str:
+    """Checks, without creating or writing anything, that `path` can be a writable directory.
+
+    Local paths only are checked for permissions (a remote one, e.g. `gs://`,
+    is checked when the run creates it).
+
+    Returns:
+        `path` as a string.
+
+    Raises:
+        TypeError: `path` is not a path.
+        ValueError: `path` is a file, or it (or the directory it would be
+            created in) is not writable.
+    """
+    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+        raise TypeError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}. "
+            "Expected a directory path (str or os.PathLike)."
+        )
+    path = str(path.__fspath__() if hasattr(path, "__fspath__") else path)
+    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which is a "
+            "file. Expected a directory (it is created if missing)."
+        )
+    if "://" not in path:
+        existing = os.path.abspath(path)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(
+                f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which "
+                f"cannot be written ({existing} is not writable). Expected a writable directory."
+            )
+    return path
+
+
 def ensure_writable_directory(path: Any, argument: str) -> str:
     """Creates `path` if needed and checks that it is a writable directory.
 

@@ -1,9 +1,11 @@
-"""What happens around the step loop in one `Trainer.fit`: progress, checkpoints, summaries.
+"""The outer loop of one `Trainer.fit`: its options, its progress, the services around the steps.
 
-A `TrainingRun` counts the global step, stops on a non-finite loss, writes
-TensorBoard summaries, runs the profiler window, and saves checkpoints every N
-steps and at each epoch end. It also tells the loop where a host call must end
-(a checkpoint or profiler edge), so a `steps_per_loop` call never jumps over one.
+`start_run` builds a `TrainingRun` from the frozen `RunOptions`: the progress
+(restored from the latest checkpoint), and the services (`tftrain._services`)
+that stop on a non-finite loss, run the profiler window, keep the timing,
+write TensorBoard summaries and save checkpoints. The run tells the loop where
+a host call must end (the nearest service boundary), so a `steps_per_loop`
+call never jumps over one. `run_pass` runs one epoch of host calls.
 """
 
 from __future__ import annotations
@@ -15,22 +17,27 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import tensorflow as tf
-
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import hooks, inputs, loops, summaries, timing
+from tftrain._services import (
+    CheckpointService,
+    NonFiniteGuard,
+    NonFiniteLossError,
+    ProfilerService,
+    Service,
+    SummaryService,
+    TimingService,
+)
 
-
-class NonFiniteLossError(FloatingPointError):
-    """A training step produced a NaN or infinite loss; training stopped at that step."""
+__all__ = ["NonFiniteLossError", "RunOptions", "TrainingRun", "run_pass", "start_run"]
 
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     """What a `Trainer.fit` writes and guards around its steps (see `Trainer` for each field).
 
-    Validated on construction; `model_dir` is created and checked for writing.
+    Validated on construction, without touching the filesystem: `model_dir`
+    must not be a file and must be creatable; it is created when a run starts.
 
     Raises:
         TypeError, ValueError: a bad value, or an option that needs `model_dir` without it.
@@ -67,7 +74,7 @@ class RunOptions:
                         "profiles to."
                     )
         else:
-            directory = checkpoint_lib.ensure_writable_directory(self.model_dir, "model_dir")
+            directory = checkpoint_lib.check_directory_path(self.model_dir, "model_dir")
             object.__setattr__(self, "model_dir", directory)
 
 
@@ -90,7 +97,7 @@ def start_run(
     verbose: int = 1,
     worker: tuple[bool, str] = (True, "chief"),
 ) -> TrainingRun:
-    """Sets up one `fit`: checkpoints, summaries, profiler; restores the latest checkpoint.
+    """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
     Args:
         options: The run options.
@@ -111,21 +118,22 @@ def start_run(
         The `TrainingRun`, at the restored progress (or at the start).
 
     Raises:
-        ValueError: `profile_steps` ends after the run's last step, or a
-            checkpoint exists but the model is not built to restore it.
+        ValueError: `profile_steps` ends after the run's last step, `model_dir`
+            cannot be written, or a checkpoint exists but the model is not
+            built to restore it.
         tftrain.checkpoint.CheckpointError: the checkpoint cannot be used.
     """
     total_steps = epochs * plan.steps if plan.steps is not None else None
     window = summaries.check_profile_steps(options.profile_steps, total_steps)
+    timing_service = TimingService(timer, trace_counter)
+    services: list[Service] = [NonFiniteGuard()] if options.terminate_on_nan else []
+    checkpointer = None
     progress = checkpoint_lib.Progress()
-    checkpointer = writer = profile = None
-    restored_traces = 0
-    chief, worker_name = worker
-    scratch_dir = None
     if options.model_dir is not None:
-        checkpoints = f"{options.model_dir}/checkpoints"
-        if not chief:
-            scratch_dir = f"{options.model_dir}/workers/{worker_name}"
+        model_dir = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
+        chief, worker_name = worker
+        checkpoints = f"{model_dir}/checkpoints"
+        scratch_dir = None if chief else f"{model_dir}/workers/{worker_name}"
         checkpointer = checkpoint_lib.Checkpointer(
             checkpoints if chief else f"{scratch_dir}/checkpoints",
             lambda: checkpoint_lib.training_state(model, extra_state()),
@@ -142,207 +150,120 @@ def start_run(
         if restored is not None:
             progress = restored
             plan.resume(progress.batches_in_pass, progress.step_in_epoch, checkpointer.iterator_restored)
-            state = checkpointer.timing_state
-            if state is not None and timer is not None:
-                timer.load_state_dict(state["timer"])
-                restored_traces = int(state["trace_count"])
+            if "timing" in checkpointer.service_states:
+                timing_service.load_state_dict(checkpointer.service_states["timing"])
             report_resume(
                 f"tftrain: resumed from {checkpointer.latest} at step {progress.global_step} "
                 f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch).",
                 verbose,
             )
+        if chief and window is not None:
+            services.append(ProfilerService(summaries.ProfileWindow(f"{model_dir}/train", window)))
+            if progress.global_step > window[0] - 1:
+                warnings.warn(
+                    f"profile_steps={options.profile_steps} starts at or before step {progress.global_step}, "
+                    "where this run resumes: nothing is profiled. Expected a window after the resume point.",
+                    stacklevel=3,
+                )
         if chief:
-            writer = summaries.TrainingSummaries(options.model_dir, every_steps=options.summary_every_steps)
-            if window is not None:
-                profile = summaries.ProfileWindow(f"{options.model_dir}/train", window)
-    run = TrainingRun(
-        plan,
-        progress,
-        timer=timer,
-        trace_count=lambda: trace_counter.count,
-        checkpointer=checkpointer,
-        checkpoint_every_steps=options.checkpoint_every_steps,
-        summaries_writer=writer,
-        profile=profile,
-        optimizer=getattr(model, "optimizer", None),
-        terminate_on_nan=options.terminate_on_nan,
-    )
-    run.scratch_dir = scratch_dir
-    run.resumed = progress.global_step > 0 or progress.epoch > 0
-    run.traces_before = trace_counter.count - restored_traces
-    if progress.global_step > 0:
-        # The restored first call was the job's trace; this process's is not its first step.
-        run._trace_written = True
-        if profile is not None and progress.global_step > profile.start - 1:
-            warnings.warn(
-                f"profile_steps={options.profile_steps} starts at or before step {progress.global_step}, "
-                "where this run resumes: nothing is profiled. Expected a window after the resume point.",
-                stacklevel=3,
+            writer = summaries.TrainingSummaries(model_dir, every_steps=options.summary_every_steps)
+            # A resumed run's first call is not the job's trace: its trace time was written already.
+            services.append(
+                SummaryService(
+                    writer,
+                    timer,
+                    getattr(model, "optimizer", None),
+                    trace_written=progress.global_step > 0,
+                )
             )
-    return run
+        services.append(CheckpointService(checkpointer, options.checkpoint_every_steps, timer, scratch_dir))
+    services.append(timing_service)
+    return TrainingRun(plan, progress, services, checkpointer=checkpointer, timing_service=timing_service)
 
 
 class TrainingRun:
-    """Bookkeeping of one `fit` call around its step loop.
+    """The outer loop's state in one `fit`: the progress, and the services around the steps.
 
     Args:
-        plan: The training data plan (for the iterator to checkpoint).
+        plan: The training data plan (for the iterator a checkpoint saves).
         progress: Where the run starts (restored or fresh).
-        timer: The run's step timer, or None if timing is off.
-        trace_count: Returns the training step's trace count so far.
-        checkpointer: Saves checkpoints, or None.
-        checkpoint_every_steps: Save every this many steps (None: epoch ends only).
-        summaries_writer: Writes TensorBoard summaries, or None.
-        profile: The profiler window, or None.
-        optimizer: The optimizer whose learning rate is logged, or None.
-        terminate_on_nan: Raise `NonFiniteLossError` on a non-finite loss.
+        services: Called in order after each host call and at each epoch end
+            (the NaN guard first, the checkpoint after the summaries).
+        checkpointer: The run's checkpoints, or None.
+        timing_service: The service that keeps the timing state and trace count, or None.
     """
 
     def __init__(
         self,
         plan: inputs.EpochPlan,
         progress: checkpoint_lib.Progress,
+        services: list[Service],
         *,
-        timer: timing.StepTimer | None,
-        trace_count,
         checkpointer: checkpoint_lib.Checkpointer | None = None,
-        checkpoint_every_steps: int | None = None,
-        summaries_writer: summaries.TrainingSummaries | None = None,
-        profile: summaries.ProfileWindow | None = None,
-        optimizer: Any = None,
-        terminate_on_nan: bool = True,
+        timing_service: TimingService | None = None,
     ):
         self.plan = plan
         self.progress = progress
-        self.scratch_dir: str | None = None  # a non-chief worker's own checkpoints
-        self.resumed = False  # whether the progress came from a checkpoint
-        self.timer = timer
-        self._trace_count = trace_count
+        self.services = list(services)
         self.checkpointer = checkpointer
-        self.checkpoint_every_steps = checkpoint_every_steps
-        self.summaries = summaries_writer
-        self.profile = profile
-        self.optimizer = optimizer
-        self.terminate_on_nan = terminate_on_nan
-        self._trace_written = False
-        self._saved_at_step: int | None = None
-        self.traces_before = 0
+        self.timing_service = timing_service
+        self.resumed = progress.global_step > 0 or progress.epoch > 0
+        self.epoch_steps: int | None = None  # steps in the current epoch, if known
 
     def trace_count(self) -> int:
         """Traces of the training step in this run (a resumed run adds the checkpointed count)."""
-        return self._trace_count() - self.traces_before
+        return self.timing_service.trace_count() if self.timing_service is not None else 0
+
+    def latest_checkpoint(self) -> str | None:
+        """The newest checkpoint of the run, or None."""
+        return self.checkpointer.latest if self.checkpointer is not None else None
+
+    def service_states(self) -> dict[str, Any]:
+        """Every service's state, by name (saved with a checkpoint)."""
+        states = {service.name: service.state_dict() for service in self.services}
+        return {name: state for name, state in states.items() if state is not None}
 
     def steps_allowed(self, wanted: int) -> int:
-        """`wanted`, shortened so that the host call ends at the next checkpoint or profiler edge."""
+        """`wanted`, shortened so that the host call ends at the next service boundary."""
         done = self.progress.global_step
-        edges = []
-        if self.checkpointer is not None and self.checkpoint_every_steps:
-            edges.append((done // self.checkpoint_every_steps + 1) * self.checkpoint_every_steps)
-        if self.profile is not None:
-            edges += [edge for edge in self.profile.boundaries if edge > done]
-        for edge in edges:
-            wanted = min(wanted, edge - done)
+        for service in self.services:
+            stop = service.next_stop(done)
+            if stop is not None:
+                wanted = min(wanted, stop - done)
         return max(wanted, 1)
 
     def before_call(self) -> None:
-        """Starts the profiler if its window begins with the coming step."""
-        if self.profile is not None:
-            self.profile.before_steps(self.progress.global_step)
+        """Runs the services' `before_call` (the profiler starts at its window)."""
+        for service in self.services:
+            service.before_call(self)
 
     def after_call(self, result: loops.LoopResult, epoch_steps: int | None) -> None:
-        """Files a host call: counts steps, checks the loss, writes summaries, saves.
+        """Files a host call: counts its steps, then runs the services (NaN guard first).
 
         Args:
             result: What the call did.
-            epoch_steps: Steps in the current epoch, if known (no step
-                checkpoint is written at an epoch's last step: the epoch-end
-                checkpoint follows).
+            epoch_steps: Steps in the current epoch, if known.
 
         Raises:
             NonFiniteLossError: the last step's loss is NaN or infinite.
         """
-        before = self.progress.global_step
         self.progress.global_step += result.steps
         self.progress.step_in_epoch += result.steps
-        if result.nonfinite and self.terminate_on_nan:
-            losses = {
-                key: np.asarray(value).tolist()
-                for key, value in result.logs.items()
-                if loops.is_loss_key(key)
-            }
-            last_good = self.checkpointer.latest if self.checkpointer is not None else None
-            raise NonFiniteLossError(
-                f"Training stopped at step {self.progress.global_step} (epoch {self.progress.epoch + 1}, "
-                f"step {self.progress.step_in_epoch} of the epoch): the loss is not finite: {losses}. "
-                "No checkpoint was written for this step"
-                + (f"; the last good checkpoint is {last_good}." if last_good else ".")
-                + " Lower the learning rate, clip gradients (e.g. `clipnorm=` on the optimizer) or check "
-                "the inputs of this step for NaN/Inf. Pass `terminate_on_nan=False` to train on."
-            )
-        if self.profile is not None:
-            self.profile.after_steps(self.progress.global_step)
-        if self.summaries is not None:
-            self._write_step_summaries(before, result.logs)
-        if self.checkpointer is not None and self.checkpoint_every_steps:
-            crossed = (
-                self.progress.global_step // self.checkpoint_every_steps
-                > before // self.checkpoint_every_steps
-            )
-            if crossed and self.progress.step_in_epoch != epoch_steps:
-                self.save()
-
-    def _write_step_summaries(self, before: int, logs: Any) -> None:
-        step = self.progress.global_step
-        if not self._trace_written and self.timer is not None and self.timer.first_call_s is not None:
-            self.summaries.on_trace(step, self.timer.first_call_s)
-            self._trace_written = True
-        if self.summaries.due(before, step):
-            rates = self.timer.take_window() if self.timer is not None else {}
-            self.summaries.on_steps(
-                step, logs, learning_rate=summaries.learning_rate_of(self.optimizer), rates=rates
-            )
+        self.epoch_steps = epoch_steps
+        for service in self.services:
+            service.after_call(self, result)
 
     def end_epoch(self, epoch_logs: dict[str, Any]) -> None:
-        """Moves the progress to the next epoch, writes its summaries and saves."""
+        """Moves the progress to the next epoch and runs the services (summaries, then the checkpoint)."""
         self.progress.epoch += 1
         self.progress.step_in_epoch = 0
-        if self.summaries is not None:
-            self.summaries.on_epoch_end(
-                self.progress.global_step,
-                epoch_logs,
-                learning_rate=summaries.learning_rate_of(self.optimizer),
-            )
-        if self.checkpointer is not None:
-            self.save()
-
-    def save(self) -> str | None:
-        """Writes a checkpoint of the current state (once per global step)."""
-        if self._saved_at_step == self.progress.global_step and self.progress.step_in_epoch != 0:
-            return None
-        # The iterator first: at an epoch end it starts the next pass, which has read no batch yet.
-        iterator = self.plan.next_iterator()
-        self.progress.batches_in_pass = self.plan.batches_in_pass(self.progress.step_in_epoch)
-        timing_state = None
-        if self.timer is not None:
-            timing_state = {
-                "timer": self.timer.state_dict(),
-                "trace_count": self.trace_count(),
-            }
-        start = time.perf_counter()
-        path = self.checkpointer.save(self.progress, iterator, timing_state)
-        if self.timer is not None:
-            self.timer.record_checkpoint_save(time.perf_counter() - start)
-        self._saved_at_step = self.progress.global_step
-        return path
+        for service in self.services:
+            service.end_epoch(self, epoch_logs)
 
     def close(self) -> None:
-        """Stops the profiler, flushes the summaries and removes a worker's scratch checkpoints."""
-        if self.profile is not None:
-            self.profile.close()
-        if self.summaries is not None:
-            self.summaries.close()
-        if self.scratch_dir is not None and tf.io.gfile.exists(self.scratch_dir):
-            tf.io.gfile.rmtree(self.scratch_dir)
+        """Closes every service (the profiler stops, writers flush, scratch copies go)."""
+        for service in self.services:
+            service.close()
 
 
 def run_pass(

@@ -1,0 +1,245 @@
+"""The services around the outer training loop: one small protocol, one concern each.
+
+A `TrainingRun` (`tftrain.training_run`) owns the run's progress and calls
+its services in order. Each service says at which global step the loop must
+stop next (so a k-step host call never jumps its boundary), acts after each
+host call and at each epoch end, may keep state that is saved with the
+checkpoint, and releases what it holds at `close`. The NaN guard, the
+profiler window, timing, TensorBoard summaries and checkpointing are services;
+`tftrain.callbacks` drives the same services from `keras.Model.fit`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain import loops, summaries, timing
+
+if TYPE_CHECKING:
+    from tftrain import checkpoint as checkpoint_lib
+    from tftrain.training_run import TrainingRun
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training step produced a NaN or infinite loss; training stopped at that step."""
+
+
+class Service:
+    """The protocol of a service; every method has a do-nothing default.
+
+    Attributes:
+        name: The key of the service's state in a checkpoint.
+    """
+
+    name = "service"
+
+    def next_stop(self, step: int) -> int | None:
+        """The next global step after `step` at which a host call must end, or None."""
+        del step
+        return None
+
+    def before_call(self, run: TrainingRun) -> None:
+        """Runs before a host call, at `run.progress`."""
+
+    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+        """Runs after a host call; `run.progress` already counts its steps."""
+
+    def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
+        """Runs at an epoch end, after the epoch's callbacks, with its (Python) logs."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """JSON-serializable state saved with each checkpoint, or None."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a state saved by `state_dict` (on resume)."""
+
+    def close(self) -> None:
+        """Releases what the service holds (writers, the profiler, scratch files)."""
+
+
+class NonFiniteGuard(Service):
+    """Stops training at the first step whose loss (`loss` or `*_loss`) is NaN or infinite."""
+
+    name = "nan_guard"
+
+    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+        if not result.nonfinite:
+            return
+        progress = run.progress
+        losses = {
+            key: np.asarray(value).tolist() for key, value in result.logs.items() if loops.is_loss_key(key)
+        }
+        last_good = run.latest_checkpoint()
+        raise NonFiniteLossError(
+            f"Training stopped at step {progress.global_step} (epoch {progress.epoch + 1}, "
+            f"step {progress.step_in_epoch} of the epoch): the loss is not finite: {losses}. "
+            "No checkpoint was written for this step"
+            + (f"; the last good checkpoint is {last_good}." if last_good else ".")
+            + " Lower the learning rate, clip gradients (e.g. `clipnorm=` on the optimizer) or check "
+            "the inputs of this step for NaN/Inf. Pass `terminate_on_nan=False` to train on."
+        )
+
+
+class ProfilerService(Service):
+    """Runs the TensorFlow profiler over a window of training steps (`summaries.ProfileWindow`)."""
+
+    name = "profiler"
+
+    def __init__(self, window: summaries.ProfileWindow):
+        self.window = window
+
+    def next_stop(self, step: int) -> int | None:
+        edges = [edge for edge in self.window.boundaries if edge > step]
+        return min(edges) if edges else None
+
+    def before_call(self, run: TrainingRun) -> None:
+        self.window.before_steps(run.progress.global_step)
+
+    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+        self.window.after_steps(run.progress.global_step)
+
+    def close(self) -> None:
+        self.window.close()
+
+
+class TimingService(Service):
+    """Keeps the step timer's measurements (if timing is on) and the trace count across a resume."""
+
+    name = "timing"
+
+    def __init__(self, timer: timing.StepTimer | None, trace_counter: timing.TraceCounter):
+        self.timer = timer
+        self.trace_counter = trace_counter
+        self._traces_before = trace_counter.count
+
+    def trace_count(self) -> int:
+        """Traces of the training step in this run (a resumed run adds the checkpointed count)."""
+        return self.trace_counter.count - self._traces_before
+
+    def state_dict(self) -> dict[str, Any] | None:
+        if self.timer is None:
+            return None
+        return {"timer": self.timer.state_dict(), "trace_count": self.trace_count()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.timer is None:
+            return
+        self.timer.load_state_dict(state["timer"])
+        self._traces_before = self.trace_counter.count - int(state["trace_count"])
+
+
+class SummaryService(Service):
+    """Writes TensorBoard summaries: every N steps, at epoch ends, and the first call's trace time.
+
+    Args:
+        writer: The event-file writers.
+        timer: The step timer whose rates are written, or None.
+        optimizer: The optimizer whose learning rate is written, or None.
+        trace_written: Whether the trace time was written already (a resumed run's was).
+    """
+
+    name = "summaries"
+
+    def __init__(
+        self,
+        writer: summaries.TrainingSummaries,
+        timer: timing.StepTimer | None,
+        optimizer: Any,
+        *,
+        trace_written: bool = False,
+    ):
+        self.writer = writer
+        self.timer = timer
+        self.optimizer = optimizer
+        self._trace_written = trace_written
+
+    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+        self.after_steps(run.progress.global_step - result.steps, run.progress.global_step, result.logs)
+
+    def after_steps(self, before: int, step: int, logs: Any) -> None:
+        """Writes what is due after the training steps `before + 1` to `step`."""
+        if not self._trace_written and self.timer is not None and self.timer.first_call_s is not None:
+            self.writer.on_trace(step, self.timer.first_call_s)
+            self._trace_written = True
+        if self.writer.due(before, step):
+            rates = self.timer.take_window() if self.timer is not None else {}
+            self.writer.on_steps(
+                step, logs, learning_rate=summaries.learning_rate_of(self.optimizer), rates=rates
+            )
+
+    def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
+        self.epoch_end_at(run.progress.global_step, logs)
+
+    def epoch_end_at(self, step: int, logs: dict[str, Any]) -> None:
+        """Writes an epoch's logs at global step `step`."""
+        self.writer.on_epoch_end(step, logs, learning_rate=summaries.learning_rate_of(self.optimizer))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class CheckpointService(Service):
+    """Saves checkpoints every N steps and at each epoch end; removes a worker's scratch copies at the end.
+
+    Args:
+        checkpointer: Writes the checkpoints.
+        every_steps: Also save every this many steps (None: epoch ends only).
+        timer: The step timer that records save times, or None.
+        scratch_dir: A non-chief worker's own checkpoint directory, removed at `close`.
+    """
+
+    name = "checkpoint"
+
+    def __init__(
+        self,
+        checkpointer: checkpoint_lib.Checkpointer,
+        every_steps: int | None,
+        timer: timing.StepTimer | None,
+        scratch_dir: str | None = None,
+    ):
+        self.checkpointer = checkpointer
+        self.every_steps = every_steps
+        self.timer = timer
+        self.scratch_dir = scratch_dir
+        self._saved_at_step: int | None = None
+
+    def next_stop(self, step: int) -> int | None:
+        if not self.every_steps:
+            return None
+        return (step // self.every_steps + 1) * self.every_steps
+
+    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+        if not self.every_steps:
+            return
+        step = run.progress.global_step
+        crossed = step // self.every_steps > (step - result.steps) // self.every_steps
+        # No step checkpoint at an epoch's last step: the epoch-end checkpoint follows.
+        if crossed and run.progress.step_in_epoch != run.epoch_steps:
+            self.save(run)
+
+    def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
+        self.save(run)
+
+    def save(self, run: TrainingRun) -> str | None:
+        """Writes a checkpoint of the run as it is now (once per global step)."""
+        progress = run.progress
+        if self._saved_at_step == progress.global_step and progress.step_in_epoch != 0:
+            return None
+        # The iterator first: at an epoch end it starts the next pass, which has read no batch yet.
+        iterator = run.plan.next_iterator()
+        progress.batches_in_pass = run.plan.batches_in_pass(progress.step_in_epoch)
+        start = time.perf_counter()
+        path = self.checkpointer.save(progress, iterator, run.service_states())
+        if self.timer is not None:
+            self.timer.record_checkpoint_save(time.perf_counter() - start)
+        self._saved_at_step = progress.global_step
+        return path
+
+    def close(self) -> None:
+        if self.scratch_dir is not None and tf.io.gfile.exists(self.scratch_dir):
+            tf.io.gfile.rmtree(self.scratch_dir)
