@@ -196,19 +196,10 @@ def ensure_writable_directory(path: Any, argument: str) -> str:
     """Creates `path` if needed and checks that it is a writable directory.
 
     Raises:
+        TypeError: `path` is not a path.
         ValueError: `path` is a file, or cannot be created or written.
     """
-    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
-        raise TypeError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}. "
-            "Expected a directory path (str or os.PathLike)."
-        )
-    path = str(path.__fspath__() if hasattr(path, "__fspath__") else path)
-    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which is a "
-            "file. Expected a directory (it is created if missing)."
-        )
+    path = check_directory_path(path, argument)
     try:
         tf.io.gfile.makedirs(path)
         # A name of this process's own: the workers of a multi-worker run check the same directory.
