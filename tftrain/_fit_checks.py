@@ -14,16 +14,6 @@ import tensorflow as tf
 from tftrain import inputs
 
 
-def check_count(argument: str, value: Any, minimum: int) -> int:
-    """Returns `value` if it is an integer >= `minimum` (not a bool), else raises ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={value!r}. "
-            f"Expected an integer >= {minimum}."
-        )
-    return value
-
-
 def check_validation_split(value: Any) -> float:
     """`validation_split` as `model.fit` takes it: a number in `[0, 1)`."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:

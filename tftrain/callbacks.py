@@ -19,6 +19,7 @@ import keras
 
 from tftrain import _keras_compat, _services, loops, summaries, training_run
 from tftrain import checkpoint as checkpoint_lib
+from tftrain._validation import check_int
 from tftrain.timing import Timing
 
 __all__ = ["CheckpointAndResume", "ServicesCallback", "TensorBoardSummaries", "Timing", "standard_callbacks"]
@@ -170,11 +171,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
     def __init__(self, directory: str, *, max_to_keep: int = 5):
         super().__init__()
         self.directory = checkpoint_lib.ensure_writable_directory(directory, "directory")
-        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
-            raise ValueError(
-                f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
-                "Expected an integer >= 1."
-            )
+        check_int("max_to_keep", max_to_keep)
         self.max_to_keep = max_to_keep
         self.checkpointer: checkpoint_lib.Checkpointer | None = None
         self.restored: checkpoint_lib.Progress | None = None

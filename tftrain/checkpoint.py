@@ -29,6 +29,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain._validation import check_int
 from tftrain.checkpoint_validation import (
     VARIABLE_SUFFIX,
     CheckpointError,
@@ -171,11 +172,7 @@ class Checkpointer:
         max_to_keep: int = 5,
         restore_directory: str | None = None,
     ):
-        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
-            raise ValueError(
-                f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
-                "Expected an integer >= 1."
-            )
+        check_int("max_to_keep", max_to_keep)
         self.directory = ensure_writable_directory(directory, "model_dir")
         self.max_to_keep = max_to_keep
         self.restore_directory = restore_directory or self.directory

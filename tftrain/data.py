@@ -14,7 +14,7 @@ from tftrain._catalog import (
     DatasetInfo,
     DatasetUnavailableError,
 )
-from tftrain.inputs import check_optional_count
+from tftrain._validation import check_int
 
 __all__ = [
     "DEFAULT_IMAGE_SIZE",
@@ -93,8 +93,8 @@ def load(
             do instead.
     """
     _check_name_and_split(name, split)
-    check_optional_count("image_size", image_size, 1)
-    check_optional_count("num_examples", num_examples, 1)
+    check_int("image_size", image_size, optional=True)
+    check_int("num_examples", num_examples, optional=True)
     if name in GENERATED_DATASETS:
         from tftrain import shapes
 
@@ -138,7 +138,7 @@ def info(name: str, *, data_dir: str | None = None, image_size: int | None = Non
         ValueError: an unknown name or a bad `image_size`.
     """
     _check_name_and_split(name)
-    check_optional_count("image_size", image_size, 1)
+    check_int("image_size", image_size, optional=True)
     if name in GENERATED_DATASETS:
         from tftrain import shapes
 

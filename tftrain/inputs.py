@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from tftrain import _keras_compat
+from tftrain._validation import check_int
 
 INPUT_KINDS = ("dataset", "arrays", "py_dataset", "generator")
 """The kinds of input `adapt` tells apart (`AdaptedInput.kind`)."""
@@ -29,15 +30,6 @@ _EXPECTED_INPUTS = (
     "Expected NumPy arrays or tensors (alone, or in a list, tuple or dict), a tf.data.Dataset, "
     "a keras.utils.PyDataset or a Python generator, as keras.Model.fit takes."
 )
-
-
-def check_optional_count(argument: str, value: Any, minimum: int = 1) -> None:
-    """Raises unless `value` is None or an integer >= `minimum` (not a bool)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={value!r}. "
-            f"Expected None or an integer >= {minimum}."
-        )
 
 
 def keras_step_limit(steps: int | None, steps_argument: str) -> int | None:
@@ -158,8 +150,8 @@ def adapt(
             with several outputs), an unbatched dataset, or a PyDataset whose
             `__getitem__` raises (the error names the index).
     """
-    check_optional_count("batch_size", batch_size)
-    check_optional_count(steps_argument, steps)
+    check_int("batch_size", batch_size, optional=True)
+    check_int(steps_argument, steps, optional=True)
     limited = keras_step_limit(steps, steps_argument)
     steps, from_limit = limited, limited != steps
     kind = input_kind(x)

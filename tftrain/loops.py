@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain import _keras_compat, inputs, timing
+from tftrain._validation import check_int
 
 StepFn = Callable[[Any], Any]
 
@@ -46,13 +47,11 @@ class EngineOptions:
                     f"Invalid value for argument `{name}`. Received: {name}={value!r} "
                     f"(type {type(value).__name__}). Expected True or False."
                 )
-        steps = self.steps_per_loop
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(
-                "Invalid value for argument `steps_per_loop`. Received: "
-                f"steps_per_loop={steps!r}. Expected an integer >= 1 (1 = one step per "
-                "host call; e.g. 20 runs 20 steps per call inside one tf.function)."
-            )
+        check_int(
+            "steps_per_loop",
+            self.steps_per_loop,
+            meaning="(1 = one step per host call; e.g. 20 runs 20 steps per call inside one tf.function)",
+        )
         if self.jit_compile and not self.use_tf_function:
             raise ValueError(
                 "Invalid combination of arguments. Received: jit_compile=True with "

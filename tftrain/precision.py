@@ -105,7 +105,9 @@ def apply_policy(model: keras.layers.Layer, name: str | None) -> None:
             f"a per-layer map or quantized. {_HINT.format(name=name)}"
         )
     sublayers = [
-        layer for layer in _keras_compat.flatten_layers(model) if not isinstance(layer, keras.layers.InputLayer)
+        layer
+        for layer in _keras_compat.flatten_layers(model)
+        if not isinstance(layer, keras.layers.InputLayer)
     ]
     # Layers built with `dtype=None` share the model's policy object (Keras hands
     # out the global policy itself); a layer given `dtype="float32"` on purpose

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tftrain._validation import check_int
+
 CLASS_NAMES = (
     "circle",
     "square",
@@ -50,14 +52,6 @@ def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(
             f"Invalid value for argument `split`. Received: split={split!r}. Expected one of {list(SPLITS)}."
-        )
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(
-            f"Invalid value for argument `{name}`. Received: {name}={value!r}. "
-            f"Expected an integer >= {minimum}."
         )
 
 
@@ -195,8 +189,8 @@ def generate(split: str, num_examples: int, image_size: int = 32) -> tuple[np.nd
         ValueError: an unknown split, `num_examples` < 1 or `image_size` < 16.
     """
     _check_split(split)
-    _check_int("num_examples", num_examples, 1)
-    _check_int("image_size", image_size, MIN_IMAGE_SIZE)
+    check_int("num_examples", num_examples, 1)
+    check_int("image_size", image_size, MIN_IMAGE_SIZE)
     images = np.empty((num_examples, image_size, image_size, 3), np.uint8)
     labels = np.empty((num_examples,), np.int64)
     for block, start in enumerate(range(0, num_examples, _BLOCK)):
@@ -264,12 +258,12 @@ def synthetic_dataset(
         ValueError: an unknown split or a bad size or count.
     """
     _check_split(split)
-    _check_int("image_size", image_size, 1)
-    _check_int("num_classes", num_classes, 1)
-    _check_int("channels", channels, 1)
+    check_int("image_size", image_size, 1)
+    check_int("num_classes", num_classes, 1)
+    check_int("channels", channels, 1)
     if num_examples is None:
         num_examples = DEFAULT_NUM_EXAMPLES[split]
-    _check_int("num_examples", num_examples, 1)
+    check_int("num_examples", num_examples, 1)
     shape = (image_size, image_size, channels)
     split_seed = _SYNTHETIC_SEEDS[split]
 

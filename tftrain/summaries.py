@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tftrain._validation import check_int
+
 TRAIN_RUN = "train"
 VALIDATION_RUN = "validation"
 
@@ -142,11 +144,7 @@ class TrainingSummaries:
 
 def check_every_steps(value: Any, argument: str) -> None:
     """Raises ValueError unless `value` is None or an integer >= 1."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={value!r}. "
-            "Expected None or an integer >= 1."
-        )
+    check_int(argument, value, optional=True)
 
 
 def check_profile_steps(profile_steps: Any, total_steps: int | None = None) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ from tftrain import (
 from tftrain import checkpoint as checkpoint_lib
 from tftrain._export import ExportMixin
 from tftrain._inference import InferenceMixin
+from tftrain._validation import check_int
 
 
 class Trainer(InferenceMixin, ExportMixin):
@@ -317,8 +318,8 @@ class Trainer(InferenceMixin, ExportMixin):
             TypeError, ValueError: bad arguments or inputs, raised before any step runs.
             NonFiniteLossError: a loss became NaN or infinite (with `terminate_on_nan`).
         """
-        _fit_checks.check_count("epochs", epochs, 0)
-        _fit_checks.check_count("initial_epoch", initial_epoch, 0)
+        check_int("epochs", epochs, 0)
+        check_int("initial_epoch", initial_epoch, 0)
         hooks.check_verbose(verbose)
         validation_split = _fit_checks.check_validation_split(validation_split)
         validation_freq = _fit_checks.check_validation_freq(validation_freq)

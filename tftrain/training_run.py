@@ -28,6 +28,7 @@ from tftrain._services import (
     SummaryService,
     TimingService,
 )
+from tftrain._validation import check_int
 
 __all__ = ["NonFiniteLossError", "RunOptions", "TrainingRun", "run_pass", "start_run"]
 
@@ -53,12 +54,7 @@ class RunOptions:
     def __post_init__(self):
         summaries.check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
         summaries.check_every_steps(self.summary_every_steps, "summary_every_steps")
-        max_to_keep = self.max_to_keep
-        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
-            raise ValueError(
-                f"Invalid value for argument `max_to_keep`. Received: max_to_keep={max_to_keep!r}. "
-                "Expected an integer >= 1."
-            )
+        check_int("max_to_keep", self.max_to_keep)
         if not isinstance(self.terminate_on_nan, bool):
             raise TypeError(
                 "Invalid value for argument `terminate_on_nan`. Received: "
