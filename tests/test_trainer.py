@@ -491,3 +491,25 @@ def test_validation_dataset_with_array_batch_size_does_not_warn():
         warnings.simplefilter("always")
         trainer.fit(x, y, batch_size=8, validation_data=validation, shuffle=False, verbose=0)
     assert not [w for w in caught if "batch_size" in str(w.message)]
+
+
+def test_a_subclass_state_is_tracked_at_assignment_or_declared():
+    class TwoOptimizers(Trainer):
+        def __init__(self, model):
+            super().__init__(model, "sgd", "mse")
+            self.critic_optimizer = keras.optimizers.Adam(0.1)
+            self.gap = keras.metrics.Mean(name="gap")
+            self.scratch = keras.metrics.Mean(name="scratch")
+            del self.scratch
+
+    trainer = TwoOptimizers(make_mlp())
+    state = trainer.checkpoint_state()
+    assert state["owner_critic_optimizer"] is trainer.critic_optimizer
+    assert state["owner_metrics"] == list(trainer.gap.variables)
+    assert [m.name for m in trainer.metrics][-1] == "gap" and "scratch" not in [m.name for m in trainer.metrics]
+
+    class Declared(TwoOptimizers):
+        def checkpoint_state(self):
+            return {"critic": self.critic_optimizer}
+
+    assert Declared(make_mlp()).checkpoint_state().keys() == {"critic"}

@@ -49,7 +49,6 @@ __all__ = [
     "IncompatibleCheckpointError",
     "NonFiniteStateError",
     "Progress",
-    "attribute_state",
     "check_directory_path",
     "ensure_writable_directory",
     "seed_generator_states",
@@ -112,31 +111,6 @@ def training_state(
     if getattr(model, "optimizer", None) is not None:
         state["optimizer"] = model.optimizer
     state.update(extra or {})
-    return state
-
-
-def attribute_state(owner: Any, exclude: Any = None) -> dict[str, Any]:
-    """Training state kept in an object's attributes, e.g. a Trainer subclass's own optimizers.
-
-    Args:
-        owner: The object whose attributes are scanned.
-        exclude: An attribute value to leave out (e.g. the model, saved already).
-
-    Returns:
-        `owner_<name>` -> each Keras optimizer, model or variable attribute, and
-        `owner_metrics` -> the variables of its Keras metric attributes.
-    """
-    state: dict[str, Any] = {}
-    metric_variables = []
-    for name, value in sorted(vars(owner).items()):
-        if isinstance(value, keras.metrics.Metric):
-            metric_variables += list(value.variables)
-        elif value is not exclude and isinstance(
-            value, (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable)
-        ):
-            state[f"owner_{name}"] = value
-    if metric_variables:
-        state["owner_metrics"] = metric_variables
     return state
 
 

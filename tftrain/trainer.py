@@ -27,10 +27,11 @@ from tftrain import (
     timing,
     training_run,
 )
-from tftrain import checkpoint as checkpoint_lib
 from tftrain._export import ExportMixin
 from tftrain._inference import InferenceMixin
 from tftrain._validation import check_int
+
+_TRACKED_TYPES = (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable, keras.metrics.Metric)
 
 
 class Trainer(InferenceMixin, ExportMixin):
@@ -172,11 +173,50 @@ class Trainer(InferenceMixin, ExportMixin):
             )
         return self.model.optimizer
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Keras objects a subclass assigns as attributes are its training state
+        # (a GAN's second optimizer, its own metrics): tracked here, as Keras
+        # tracks a layer's attributes, so `checkpoint_state` and `metrics` need
+        # no scan of the instance's attributes.
+        tracked = self.__dict__.setdefault("_tracked", {})
+        tracked.pop(name, None)
+        if name != "model" and isinstance(value, _TRACKED_TYPES):
+            tracked[name] = value
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self.__dict__.get("_tracked", {}).pop(name, None)
+        super().__delattr__(name)
+
     @property
     def metrics(self) -> list[keras.metrics.Metric]:
-        """The model's metrics plus any `keras.metrics.Metric` attributes of the trainer."""
-        own = [value for value in vars(self).values() if isinstance(value, keras.metrics.Metric)]
+        """The model's metrics plus the `keras.metrics.Metric` attributes of the trainer."""
+        own = [value for value in self._tracked.values() if isinstance(value, keras.metrics.Metric)]
         return list(self.model.metrics) + own
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The training state kept besides the model and its optimizer, saved with every checkpoint.
+
+        By default: each Keras optimizer, model and variable assigned as an
+        attribute of the Trainer (e.g. a GAN's second optimizer), as
+        `owner_<name>`, and the variables of its Keras metric attributes, as
+        `owner_metrics`. Override to declare the state yourself (return a
+        dict of name -> trackable); the model and `model.optimizer` are
+        always saved.
+
+        Returns:
+            Name -> trackable (`tf.train.Checkpoint` keyword arguments).
+        """
+        state: dict[str, Any] = {}
+        metric_variables = []
+        for name, value in sorted(self._tracked.items()):
+            if isinstance(value, keras.metrics.Metric):
+                metric_variables += list(value.variables)
+            elif value is not self.model:
+                state[f"owner_{name}"] = value
+        if metric_variables:
+            state["owner_metrics"] = metric_variables
+        return state
 
     def reset_metrics(self) -> None:
         """Resets every metric in `self.metrics` (done at each epoch start)."""
@@ -379,7 +419,7 @@ class Trainer(InferenceMixin, ExportMixin):
         run = training_run.start_run(
             self.run_options,
             model=self.model,
-            extra_state=lambda: checkpoint_lib.attribute_state(self, exclude=self.model),
+            extra_state=self.checkpoint_state,
             plan=plan,
             epochs=epochs,
             timer=timer if self.measure_timing else None,
