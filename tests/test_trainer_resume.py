@@ -28,7 +28,11 @@ KILLS = {
     "after_epoch_end": "epoch:2",
     # The 3rd save (step 6) dies after writing a truncated data file and temporary files.
     "during_save": "save:3",
+    # SIGTERM after steps 5 (mid epoch 2) and 4 (an epoch's last step): a checkpoint at that step.
+    "sigterm_mid_epoch": "sigterm:5",
+    "sigterm_epoch_end": "sigterm:4",
 }
+PREEMPTED = {"sigterm_mid_epoch", "sigterm_epoch_end"}
 
 
 def start_job(model_dir, *args):
@@ -42,12 +46,12 @@ def start_job(model_dir, *args):
     )
 
 
-def finish(process, expect_killed=False):
+def finish(process, expect_killed=False, expect_preempted=False):
     try:
         stdout, stderr = process.communicate(timeout=300)
     finally:
         process.kill()
-    expected = -signal.SIGKILL if expect_killed else 0
+    expected = 3 if expect_preempted else (-signal.SIGKILL if expect_killed else 0)
     assert process.returncode == expected, stderr[-3000:]
     return stdout
 
@@ -64,13 +68,22 @@ def runs(tmp_path_factory):
     first = {
         name: start_job(dirs[name], *([f"--kill={KILLS[name]}"] if name in KILLS else [])) for name in dirs
     }
+    first_stdout = {}
     for name, process in first.items():
-        finish(process, expect_killed=name in KILLS)
+        first_stdout[name] = finish(
+            process, expect_killed=name in KILLS and name not in PREEMPTED, expect_preempted=name in PREEMPTED
+        )
     after_kill = {name: sorted(os.listdir(dirs[name] / "checkpoints")) for name in KILLS}
     finished_early = {name: os.path.exists(dirs[name] / "final.npz") for name in KILLS}
     reruns = {name: start_job(dirs[name]) for name in KILLS}
     stdout = {name: finish(process) for name, process in reruns.items()}
-    return dict(dirs=dirs, after_kill=after_kill, finished_early=finished_early, stdout=stdout)
+    return dict(
+        dirs=dirs,
+        after_kill=after_kill,
+        finished_early=finished_early,
+        stdout=stdout,
+        first_stdout=first_stdout,
+    )
 
 
 def assert_same_as_uninterrupted(model_dir, uninterrupted_dir):
@@ -91,6 +104,24 @@ def test_killed_job_resumes_bit_identical(runs, case, resumed_at):
     model_dir = runs["dirs"][case]
     assert not runs["finished_early"][case]
     assert f"resumed from {model_dir}/checkpoints/" in runs["stdout"][case]
+    assert resumed_at in runs["stdout"][case]
+    assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
+
+
+@pytest.mark.parametrize(
+    "case, stopped_at, resumed_at",
+    [
+        ("sigterm_mid_epoch", "step=5", "at step 5 (epoch 2, step 1 of the epoch)"),
+        ("sigterm_epoch_end", "step=4", "at step 4 (epoch 2, step 0"),
+    ],
+)
+def test_sigterm_checkpoints_the_step_reached_and_the_rerun_resumes_bit_identical(
+    runs, case, stopped_at, resumed_at
+):
+    model_dir = runs["dirs"][case]
+    assert f"PREEMPTED {stopped_at} checkpoint={model_dir}/checkpoints/" in runs["first_stdout"][case]
+    assert "Training stopped on SIGTERM" in runs["first_stdout"][case]
+    assert not runs["finished_early"][case]
     assert resumed_at in runs["stdout"][case]
     assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
 

@@ -1,6 +1,10 @@
 """The non-finite loss guard: training stops at the step whose loss is NaN, on every engine."""
 
 import dataclasses
+import os
+import signal
+import threading
+import warnings
 
 import keras
 import numpy as np
@@ -227,3 +231,73 @@ def test_options_touch_no_directory_until_a_run_starts(tmp_path):
     assert not model_dir.exists()
     trainer.fit(np.zeros((4, 6), "float32"), np.zeros((4, 3), "float32"), batch_size=2, verbose=0)
     assert (model_dir / "checkpoints").is_dir()
+
+
+# ------------------------------------------------------------------ preemption
+
+
+class _SignalAt(keras.callbacks.Callback):
+    def __init__(self, step, number):
+        super().__init__()
+        self.step, self.number = step, number
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            os.kill(os.getpid(), self.number)
+
+
+def test_a_configured_signal_checkpoints_and_stops_and_handlers_are_restored(tmp_path):
+    before = signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGTERM)
+    trainer = tftrain.Trainer(
+        make_mlp(),
+        optimizer="sgd",
+        loss="mse",
+        model_dir=str(tmp_path),
+        preemption_signals=("SIGTERM", "SIGUSR1"),
+    )
+    x, y = np.zeros((32, 6), "float32"), np.zeros((32, 3), "float32")
+    with pytest.raises(tftrain.PreemptedError, match="stopped on SIGUSR1 at step 2") as info:
+        trainer.fit(x, y, batch_size=4, epochs=2, callbacks=[_SignalAt(2, signal.SIGUSR1)], verbose=0)
+    assert info.value.step == 2 and info.value.signal_number == signal.SIGUSR1
+    assert info.value.checkpoint.endswith("ckpt-1") and os.path.exists(info.value.checkpoint + ".index")
+    assert (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGTERM)) == before
+    resumed = tftrain.Trainer(trainer.model, model_dir=str(tmp_path))
+    resumed.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert int(trainer.model.optimizer.iterations.numpy()) == 16
+
+
+def test_no_handler_without_model_dir_or_with_no_signals(tmp_path):
+    seen = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    default = signal.getsignal(signal.SIGTERM)
+    x, y = np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32")
+    tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse").fit(x, y, callbacks=[Probe()], verbose=0)
+    tftrain.Trainer(
+        make_mlp(), optimizer="sgd", loss="mse", model_dir=str(tmp_path), preemption_signals=()
+    ).fit(x, y, callbacks=[Probe()], verbose=0)
+    assert seen == [default, default]
+
+
+def test_bad_preemption_signals():
+    with pytest.raises(ValueError, match="preemption_signals='SIGNOPE'"):
+        tftrain.Trainer(make_mlp(), preemption_signals="SIGNOPE")
+
+
+def test_fit_outside_the_main_thread_warns_that_preemption_cannot_checkpoint(tmp_path):
+    caught = []
+
+    def train():
+        with warnings.catch_warnings(record=True) as records:
+            warnings.simplefilter("always")
+            trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir=str(tmp_path))
+            trainer.fit(np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32"), verbose=0)
+        caught.extend(str(record.message) for record in records)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join()
+    assert any("outside the main thread" in message for message in caught)

@@ -15,6 +15,7 @@ _LAZY_NAMES = {
     "CustomModel": ("tftrain.model", "CustomModel"),
     "TimingReport": ("tftrain.timing", "TimingReport"),
     "NonFiniteLossError": ("tftrain.training_run", "NonFiniteLossError"),
+    "PreemptedError": ("tftrain.training_run", "PreemptedError"),
 }
 _SUBMODULES = {
     "callbacks",
@@ -32,7 +33,14 @@ _SUBMODULES = {
     "training_run",
 }
 
-__all__ = ["Trainer", "CustomModel", "TimingReport", "NonFiniteLossError", *sorted(_SUBMODULES)]
+__all__ = [
+    "Trainer",
+    "CustomModel",
+    "TimingReport",
+    "NonFiniteLossError",
+    "PreemptedError",
+    *sorted(_SUBMODULES),
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,10 @@ profiler window, timing, TensorBoard summaries and checkpointing are services;
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +29,26 @@ if TYPE_CHECKING:
 
 class NonFiniteLossError(FloatingPointError):
     """A training step produced a NaN or infinite loss; training stopped at that step."""
+
+
+class PreemptedError(RuntimeError):
+    """Training stopped on a preemption signal (e.g. SIGTERM) after saving a checkpoint at that step.
+
+    Rerunning the same `fit` on the same `model_dir` resumes from that
+    checkpoint exactly. A job script typically catches it and exits, so the
+    scheduler restarts it.
+
+    Attributes:
+        signal_number: The signal that arrived.
+        step: The global step at which the run stopped.
+        checkpoint: The checkpoint written for that step.
+    """
+
+    def __init__(self, message: str, *, signal_number: int, step: int, checkpoint: str | None):
+        super().__init__(message)
+        self.signal_number = signal_number
+        self.step = step
+        self.checkpoint = checkpoint
 
 
 class Service:
@@ -243,3 +266,72 @@ class CheckpointService(Service):
     def close(self) -> None:
         if self.scratch_dir is not None and tf.io.gfile.exists(self.scratch_dir):
             tf.io.gfile.rmtree(self.scratch_dir)
+
+
+class PreemptionService(Service):
+    """Stops a run on a preemption signal with a checkpoint at the step reached.
+
+    While the run lasts, the signals' handlers only record the signal: the host
+    call in flight finishes, a checkpoint is saved at that step (a save in
+    progress completes first, so the previous checkpoint is never damaged), and
+    `PreemptedError` is raised. A signal during an epoch's last call lets the
+    epoch end (validation, callbacks, the epoch checkpoint) first. The previous
+    handlers are restored at `close`. Python delivers signals to the main
+    thread only: from another thread, no handler is installed (warned).
+
+    Args:
+        signals: The signals that mean "preempted" (e.g. `(signal.SIGTERM,)`).
+        checkpoints: The run's checkpoint service (it writes the last checkpoint).
+    """
+
+    name = "preemption"
+
+    def __init__(self, signals: tuple[int, ...], checkpoints: CheckpointService):
+        self.checkpoints = checkpoints
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            warnings.warn(
+                "fit runs outside the main thread, where Python cannot install signal handlers: a "
+                f"preemption signal ({', '.join(signal.Signals(s).name for s in signals)}) stops the process "
+                "without a last checkpoint. Run fit in the main thread to checkpoint on preemption.",
+                stacklevel=4,
+            )
+            return
+        for number in signals:
+            self._previous[number] = signal.signal(number, self._record)
+
+    def _record(self, number: int, frame: Any) -> None:
+        del frame
+        self.received = number
+
+    def before_call(self, run: TrainingRun) -> None:
+        if self.received is not None:
+            self._stop(run)
+
+    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+        # At an epoch's last step the epoch ends first; its checkpoint is the last one.
+        if self.received is not None and run.progress.step_in_epoch != run.epoch_steps:
+            self._stop(run)
+
+    def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
+        if self.received is not None:
+            self._stop(run, saved=True)
+
+    def _stop(self, run: TrainingRun, saved: bool = False) -> None:
+        path = self.checkpoints.checkpointer.latest if saved else self.checkpoints.save(run)
+        path = path or self.checkpoints.checkpointer.latest
+        name = signal.Signals(self.received).name
+        raise PreemptedError(
+            f"Training stopped on {name} at step {run.progress.global_step} (epoch {run.progress.epoch + 1}, "
+            f"step {run.progress.step_in_epoch} of the epoch), after saving {path}. Run the same fit "
+            "on the same model_dir to resume exactly there.",
+            signal_number=self.received,
+            step=run.progress.global_step,
+            checkpoint=path,
+        )
+
+    def close(self) -> None:
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous.clear()

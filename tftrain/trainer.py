@@ -9,6 +9,7 @@ as under `model.fit`), or `Trainer.train_step` overridden in a subclass.
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import keras
@@ -94,6 +95,12 @@ class Trainer(InferenceMixin, ExportMixin):
         terminate_on_nan: Stop with `NonFiniteLossError` at the first step
             whose loss (a `loss` or `*_loss` log) is NaN or infinite; no
             checkpoint is written for it.
+        preemption_signals: With `model_dir`, in a single-process run: signals
+            (numbers or names) on which `fit` finishes the host call in
+            flight, saves a checkpoint at that step and raises
+            `tftrain.PreemptedError`; rerunning resumes exactly there. `()`
+            keeps the process's default handlers (SIGTERM then kills it).
+            Installed only while `fit` runs.
         mixed_precision: `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`:
             switch the model's layers to this Keras dtype policy (variables
             stay float32) and, for float16, wrap the optimizer in a
@@ -124,6 +131,7 @@ class Trainer(InferenceMixin, ExportMixin):
         profile_steps: tuple[int, int] | None = None,
         terminate_on_nan: bool = True,
         mixed_precision: str | None = None,
+        preemption_signals: Any = (signal.SIGTERM,),
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -146,6 +154,7 @@ class Trainer(InferenceMixin, ExportMixin):
             summary_every_steps=summary_every_steps,
             profile_steps=profile_steps,
             terminate_on_nan=terminate_on_nan,
+            preemption_signals=preemption_signals,
         )
         self.model_dir = self.run_options.model_dir
         strategy_checks.check_model_in_scope(model, self.strategy)
@@ -426,6 +435,7 @@ class Trainer(InferenceMixin, ExportMixin):
             trace_counter=train_loop.trace_counter,
             verbose=hooks.check_verbose(verbose),
             worker=distribute.worker_role(self.strategy),
+            single_process=distribute.num_workers(self.strategy) == 1,
         )
         callback_list = keras.callbacks.CallbackList(
             callbacks,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from tftrain._services import (
     CheckpointService,
     NonFiniteGuard,
     NonFiniteLossError,
+    PreemptedError,
+    PreemptionService,
     ProfilerService,
     Service,
     SummaryService,
@@ -30,7 +33,7 @@ from tftrain._services import (
 )
 from tftrain._validation import check_int
 
-__all__ = ["NonFiniteLossError", "RunOptions", "TrainingRun", "run_pass", "start_run"]
+__all__ = ["NonFiniteLossError", "PreemptedError", "RunOptions", "TrainingRun", "run_pass", "start_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +53,7 @@ class RunOptions:
     summary_every_steps: int | None = None
     profile_steps: tuple[int, int] | None = None
     terminate_on_nan: bool = True
+    preemption_signals: tuple[int, ...] = (signal.SIGTERM,)
 
     def __post_init__(self):
         summaries.check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
@@ -61,6 +65,7 @@ class RunOptions:
                 f"terminate_on_nan={self.terminate_on_nan!r}. Expected True or False."
             )
         object.__setattr__(self, "profile_steps", summaries.check_profile_steps(self.profile_steps))
+        object.__setattr__(self, "preemption_signals", _check_signals(self.preemption_signals))
         if self.model_dir is None:
             for name in ("checkpoint_every_steps", "summary_every_steps", "profile_steps"):
                 if getattr(self, name) is not None:
@@ -72,6 +77,26 @@ class RunOptions:
         else:
             directory = checkpoint_lib.check_directory_path(self.model_dir, "model_dir")
             object.__setattr__(self, "model_dir", directory)
+
+
+def _check_signals(value: Any) -> tuple[int, ...]:
+    """`preemption_signals` as a tuple of signal numbers (names like "SIGUSR1" accepted)."""
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, (str, int)) else tuple(value)
+    numbers = []
+    for item in items:
+        try:
+            numbers.append(int(signal.Signals[item] if isinstance(item, str) else signal.Signals(item)))
+        except (KeyError, ValueError, TypeError):
+            valid = ", ".join(
+                sorted(s.name for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2))
+            )
+            raise ValueError(
+                f"Invalid value for argument `preemption_signals`. Received: preemption_signals={value!r}. "
+                f"Expected signals (numbers or names such as {valid}), or () to keep the default handlers."
+            ) from None
+    return tuple(numbers)
 
 
 def report_resume(message: str, verbose: int) -> None:
@@ -92,6 +117,7 @@ def start_run(
     trace_counter: timing.TraceCounter,
     verbose: int = 1,
     worker: tuple[bool, str] = (True, "chief"),
+    single_process: bool = True,
 ) -> TrainingRun:
     """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
@@ -109,6 +135,9 @@ def start_run(
             `model_dir`; another worker restores the chief's checkpoints and
             saves its own copies (every worker must take part in a save) to
             `model_dir/workers/<name>`, removed when the run ends.
+        single_process: Whether the run has one worker process: only then
+            does a preemption signal checkpoint and stop the run (every
+            worker takes part in a save, and a signal reaches one process).
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -172,7 +201,12 @@ def start_run(
                     trace_written=progress.global_step > 0,
                 )
             )
-        services.append(CheckpointService(checkpointer, options.checkpoint_every_steps, timer, scratch_dir))
+        checkpoint_service = CheckpointService(
+            checkpointer, options.checkpoint_every_steps, timer, scratch_dir
+        )
+        services.append(checkpoint_service)
+        if options.preemption_signals and single_process:
+            services.append(PreemptionService(options.preemption_signals, checkpoint_service))
     services.append(timing_service)
     return TrainingRun(plan, progress, services, checkpointer=checkpointer, timing_service=timing_service)
 

@@ -6,6 +6,9 @@ step count to MODEL_DIR/final.npz. `--kill=step:N` SIGKILLs the process after
 step N, `--kill=epoch:E` at the start of epoch E (just after the previous
 epoch's checkpoint), `--kill=save:N` in the middle of the N-th checkpoint write
 (files written, one truncated, temporary files left, nothing recorded).
+`--kill=sigterm:N` sends the process SIGTERM after step N: the Trainer saves a
+checkpoint at the step it reached and raises PreemptedError; the job then exits
+with status 3.
 """
 
 import argparse
@@ -34,6 +37,8 @@ class KillAt(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.kind == "step" and int(self.model.optimizer.iterations) >= self.value:
             kill_now()
+        if self.kind == "sigterm" and int(self.model.optimizer.iterations) == self.value:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.kind == "epoch" and epoch == self.value:
@@ -99,7 +104,11 @@ def main():
             kill_during_save(int(value), args.model_dir)
         else:
             callbacks.append(KillAt(kind, int(value)))
-    history = trainer.fit(dataset, epochs=args.epochs, steps_per_epoch=4, verbose=2, callbacks=callbacks)
+    try:
+        history = trainer.fit(dataset, epochs=args.epochs, steps_per_epoch=4, verbose=2, callbacks=callbacks)
+    except tftrain.PreemptedError as error:
+        print(f"PREEMPTED step={error.step} checkpoint={error.checkpoint}: {error}")
+        raise SystemExit(3) from None
     np.savez(
         os.path.join(args.model_dir, "final.npz"),
         steps=int(model.optimizer.iterations),
