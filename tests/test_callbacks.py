@@ -59,7 +59,7 @@ def test_standard_callbacks_give_fit_summaries_checkpoints_and_timing(tmp_path, 
     )
     assert sorted(train["step_loss"]) == [3, 6, 9, 12]
     assert {"learning_rate", "steps_per_sec", "examples_per_sec", "step_time_s", "trace_time_s"} <= set(train)
-    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-2")
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-14")  # numbered by step
 
 
 def test_fit_resumes_at_the_next_epoch_and_ends_as_an_uninterrupted_fit(tmp_path, tiny_dataset):
@@ -100,8 +100,8 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path, tiny_dataset):
             verbose=0,
             callbacks=[Poison(), callbacks_lib.CheckpointAndResume(str(tmp_path))],
         )
-    assert "ckpt-1" in str(info.value)  # the last good checkpoint is named and kept
-    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-1")
+    assert "ckpt-7" in str(info.value)  # the last good checkpoint (epoch 1, step 7) is named and kept
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-7")
 
 
 def test_resuming_an_unbuilt_subclassed_model_is_a_clear_error(tmp_path, tiny_dataset):
@@ -123,7 +123,7 @@ def test_resuming_an_unbuilt_subclassed_model_is_a_clear_error(tmp_path, tiny_da
         model.fit(
             tiny_dataset, epochs=2, verbose=0, callbacks=[callbacks_lib.CheckpointAndResume(str(tmp_path))]
         )
-    assert "ckpt-1" in str(info.value)
+    assert "ckpt-7" in str(info.value)
 
 
 def test_profile_window_writes_a_trace_under_fit(tmp_path, tiny_dataset):

@@ -89,16 +89,16 @@ def test_a_killed_multiworker_job_resumes_from_the_chiefs_checkpoint(tmp_path_fa
     # Checkpoints at steps 3, 4 (epoch end) and 6; both workers die after step 7.
     run_workers(tmp_path_factory, model_dir, 7, expect_returncode=3)
     checkpoints = sorted(os.listdir(model_dir / "checkpoints"))
-    assert "ckpt-3.index" in checkpoints  # written by the chief only
+    assert "ckpt-6.index" in checkpoints  # written by the chief only (numbered by step)
     assert os.listdir(model_dir / "train")  # the chief's event files
     assert not (model_dir / "workers" / "worker-0").exists()
 
     dirs, outputs = run_workers(tmp_path_factory, model_dir)
     for output in outputs:
-        assert f"resumed from {model_dir}/checkpoints/ckpt-3 at step 6 (epoch 2, step 2" in output
+        assert f"resumed from {model_dir}/checkpoints/ckpt-6 at step 6 (epoch 2, step 2" in output
     first, second = (np.load(os.path.join(d, "resumed.npz")) for d in dirs)
     np.testing.assert_array_equal(first["worker"], second["worker"])
     np.testing.assert_allclose(first["worker"], first["reference"], rtol=1e-5, atol=1e-6)
     assert int(first["steps"]) == int(second["steps"]) == 8
     assert not (model_dir / "workers").exists() or not os.listdir(model_dir / "workers")
-    assert "ckpt-4.index" in os.listdir(model_dir / "checkpoints")  # the chief saved the rest
+    assert "ckpt-8.index" in os.listdir(model_dir / "checkpoints")  # the chief saved the rest

@@ -128,10 +128,10 @@ def test_sigterm_checkpoints_the_step_reached_and_the_rerun_resumes_bit_identica
 
 def test_kill_during_save_leaves_a_restorable_checkpoint(runs):
     model_dir = runs["dirs"]["during_save"]
-    assert {"ckpt-3_temp", "checkpoint.tmp0123abcd", "ckpt-3.index"} <= set(runs["after_kill"]["during_save"])
-    assert "at step 4 " in runs["stdout"]["during_save"]  # ckpt-2 (epoch 1 end), the last recorded one
+    assert {"ckpt-6_temp", "checkpoint.tmp0123abcd", "ckpt-6.index"} <= set(runs["after_kill"]["during_save"])
+    assert "ckpt-4 at step 4 " in runs["stdout"]["during_save"]  # epoch 1's end, the last recorded one
     left = set(os.listdir(model_dir / "checkpoints"))
-    assert "ckpt-3_temp" not in left and "checkpoint.tmp0123abcd" not in left
+    assert "ckpt-6_temp" not in left and "checkpoint.tmp0123abcd" not in left
     assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
 
 

@@ -259,7 +259,7 @@ def test_a_configured_signal_checkpoints_and_stops_and_handlers_are_restored(tmp
     with pytest.raises(tftrain.PreemptedError, match="stopped on SIGUSR1 at step 2") as info:
         trainer.fit(x, y, batch_size=4, epochs=2, callbacks=[_SignalAt(2, signal.SIGUSR1)], verbose=0)
     assert info.value.step == 2 and info.value.signal_number == signal.SIGUSR1
-    assert info.value.checkpoint.endswith("ckpt-1") and os.path.exists(info.value.checkpoint + ".index")
+    assert info.value.checkpoint.endswith("ckpt-2") and os.path.exists(info.value.checkpoint + ".index")
     assert (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGTERM)) == before
     resumed = tftrain.Trainer(trainer.model, model_dir=str(tmp_path))
     resumed.fit(x, y, batch_size=4, epochs=2, verbose=0)

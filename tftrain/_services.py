@@ -257,7 +257,7 @@ class CheckpointService(Service):
         iterator = run.plan.next_iterator()
         progress.batches_in_pass = run.plan.batches_in_pass(progress.step_in_epoch)
         start = time.perf_counter()
-        path = self.checkpointer.save(progress, iterator, run.service_states())
+        path = self.checkpointer.save(progress, iterator, run.service_states(), number=progress.global_step)
         if self.timer is not None:
             self.timer.record_checkpoint_save(time.perf_counter() - start)
         self._saved_at_step = progress.global_step

@@ -207,7 +207,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         steps = self.params.get("steps") or 0
         progress = checkpoint_lib.Progress(epoch=epoch + 1, global_step=(epoch + 1) * steps)
-        self.checkpointer.save(progress)
+        self.checkpointer.save(progress, number=progress.global_step or None)
 
     def on_train_end(self, logs=None):
         _keras_compat.set_initial_epoch(self.model, None)

@@ -385,7 +385,12 @@ class Checkpointer:
         )
 
     def save(
-        self, progress: Progress, iterator: Any = None, service_states: dict[str, Any] | None = None
+        self,
+        progress: Progress,
+        iterator: Any = None,
+        service_states: dict[str, Any] | None = None,
+        *,
+        number: int | None = None,
     ) -> str:
         """Writes a checkpoint of the current state.
 
@@ -396,6 +401,8 @@ class Checkpointer:
                 `progress.batches_in_pass` batches.
             service_states: The run's services' states by name
                 (JSON-serializable), read back as `service_states` on restore.
+            number: The checkpoint's number (`ckpt-<number>`); the Trainer
+                numbers them by global step. None: one more than the last save.
 
         Returns:
             The checkpoint's path prefix.
@@ -420,7 +427,7 @@ class Checkpointer:
             self._data.iterator = iterator
             self._iterator_saved.assign(True)
             try:
-                return self.manager.save()
+                return self.manager.save(checkpoint_number=number)
             except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as error:
                 # e.g. a pipeline with a Python generator or stateful op: tf.data cannot save it.
                 self._warn_iterator_unsaveable(str(error).splitlines()[0])
@@ -428,4 +435,4 @@ class Checkpointer:
         if hasattr(self._data, "iterator"):
             del self._data.iterator
         self._iterator_saved.assign(False)
-        return self.manager.save()
+        return self.manager.save(checkpoint_number=number)

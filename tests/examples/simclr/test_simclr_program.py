@@ -117,7 +117,7 @@ def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "tftrain.examples.simclr", *flags], env=env)
     try:
         deadline = time.monotonic() + 180
-        while not (tmp_path / "checkpoints" / "ckpt-2.index").exists():
+        while not (tmp_path / "checkpoints" / "ckpt-10.index").exists():  # the second, at step 10
             assert process.poll() is None, "the run ended before its second checkpoint"
             assert time.monotonic() < deadline, "no second checkpoint in time"
             time.sleep(0.2)
