@@ -104,8 +104,9 @@ def test_without_summary_every_steps_only_epoch_ends_are_written(tmp_path):
     train = read_run(tmp_path / "train")
     assert steps_of(train["epoch_loss"]) == [4, 8]
     assert steps_of(train["learning_rate"]) == [4, 8]
-    assert not any(tag.startswith("step_") for tag in train)
-    assert "steps_per_sec" not in train
+    assert not any(tag.startswith("step_") and tag != "step_time_s" for tag in train)  # no per-step logs
+    for speed in ("steps_per_sec", "examples_per_sec", "step_time_s"):  # a speed curve in a default run
+        assert steps_of(train[speed]) == [4, 8]
     assert not glob.glob(str(tmp_path / "validation" / "*"))
 
 

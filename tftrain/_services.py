@@ -199,8 +199,11 @@ class SummaryService(Service):
         self.epoch_end_at(run.progress.global_step, logs)
 
     def epoch_end_at(self, step: int, logs: dict[str, Any]) -> None:
-        """Writes an epoch's logs at global step `step`."""
-        self.writer.on_epoch_end(step, logs, learning_rate=summaries.learning_rate_of(self.optimizer))
+        """Writes an epoch's logs, learning rate and speed (since the last write) at global step `step`."""
+        rates = self.timer.take_window() if self.timer is not None else {}
+        self.writer.on_epoch_end(
+            step, logs, learning_rate=summaries.learning_rate_of(self.optimizer), rates=rates
+        )
 
     def close(self) -> None:
         self.writer.close()

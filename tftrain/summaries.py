@@ -112,8 +112,9 @@ class TrainingSummaries:
         logs: Mapping[str, Any] | None,
         *,
         learning_rate: float | None = None,
+        rates: Mapping[str, float] | None = None,
     ) -> None:
-        """Writes an epoch's logs: `val_*` entries to the validation run, the rest to train."""
+        """Writes an epoch's logs (`val_*` entries to the validation run, the rest to train) and speed."""
         train, validation = {}, {}
         for key, value in _scalars(logs).items():
             if key.startswith("val_"):
@@ -122,6 +123,7 @@ class TrainingSummaries:
                 train[f"epoch_{key}"] = value
         if learning_rate is not None:
             train["learning_rate"] = learning_rate
+        train.update(rates or {})
         self.write(TRAIN_RUN, step, train)
         self.write(VALIDATION_RUN, step, validation)
         self.flush()
