@@ -30,6 +30,7 @@ import keras
 import tensorflow as tf
 
 from tftrain._validation import check_int
+from tftrain._writer_lock import ModelDirInUseError
 from tftrain.checkpoint_validation import (
     VARIABLE_SUFFIX,
     CheckpointError,
@@ -42,6 +43,7 @@ from tftrain.checkpoint_validation import (
 )
 
 __all__ = [
+    "ModelDirInUseError",
     "CHECKPOINT_NAME",
     "CheckpointError",
     "Checkpointer",

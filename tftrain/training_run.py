@@ -32,6 +32,7 @@ from tftrain._services import (
     TimingService,
 )
 from tftrain._validation import check_int
+from tftrain._writer_lock import WriterLock
 
 __all__ = ["NonFiniteLossError", "PreemptedError", "RunOptions", "TrainingRun", "run_pass", "start_run"]
 
@@ -156,59 +157,100 @@ def start_run(
     progress = checkpoint_lib.Progress()
     if options.model_dir is not None:
         model_dir = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
-        chief, worker_name = worker
-        checkpoints = f"{model_dir}/checkpoints"
-        scratch_dir = None if chief else f"{model_dir}/workers/{worker_name}"
-        checkpointer = checkpoint_lib.Checkpointer(
-            checkpoints if chief else f"{scratch_dir}/checkpoints",
-            lambda: checkpoint_lib.training_state(model, extra_state()),
-            max_to_keep=options.max_to_keep if chief else 1,
-            restore_directory=None if chief else checkpoints,
-        )
-        if checkpointer.latest is not None and not model.built:
-            raise ValueError(
-                f"Cannot resume from {checkpointer.latest}: the model is not built yet, so its variables "
-                "do not exist to be restored. Expected a built model: call it once on a batch, or "
-                "`model.build(input_shape)`, before `fit`."
-            )
-        restored = checkpointer.restore_latest(plan.next_iterator())
-        if restored is not None:
-            progress = restored
-            plan.resume(progress.batches_in_pass, progress.step_in_epoch, checkpointer.iterator_restored)
-            if "timing" in checkpointer.service_states:
-                timing_service.load_state_dict(checkpointer.service_states["timing"])
-            report_resume(
-                f"tftrain: resumed from {checkpointer.latest} at step {progress.global_step} "
-                f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch).",
+        chief, _ = worker
+        # The chief is the writer: one per model_dir, held before anything there is touched.
+        lock = WriterLock(model_dir) if chief else None
+        try:
+            checkpointer, progress = _model_dir_services(
+                options,
+                model,
+                extra_state,
+                plan,
+                window,
+                timer,
+                timing_service,
+                services,
+                model_dir,
+                worker,
                 verbose,
+                single_process,
             )
-        if chief and window is not None:
-            services.append(ProfilerService(summaries.ProfileWindow(f"{model_dir}/train", window)))
-            if progress.global_step > window[0] - 1:
-                warnings.warn(
-                    f"profile_steps={options.profile_steps} starts at or before step {progress.global_step}, "
-                    "where this run resumes: nothing is profiled. Expected a window after the resume point.",
-                    stacklevel=3,
-                )
-        if chief:
-            writer = summaries.TrainingSummaries(model_dir, every_steps=options.summary_every_steps)
-            # A resumed run's first call is not the job's trace: its trace time was written already.
-            services.append(
-                SummaryService(
-                    writer,
-                    timer,
-                    getattr(model, "optimizer", None),
-                    trace_written=progress.global_step > 0,
-                )
-            )
-        checkpoint_service = CheckpointService(
-            checkpointer, options.checkpoint_every_steps, timer, scratch_dir
-        )
-        services.append(checkpoint_service)
-        if options.preemption_signals and single_process:
-            services.append(PreemptionService(options.preemption_signals, checkpoint_service))
+        except BaseException:
+            if lock is not None:
+                lock.close()
+            raise
+        if lock is not None:
+            services.append(lock)
     services.append(timing_service)
     return TrainingRun(plan, progress, services, checkpointer=checkpointer, timing_service=timing_service)
+
+
+def _model_dir_services(
+    options: RunOptions,
+    model: Any,
+    extra_state: Callable[[], dict[str, Any]],
+    plan: inputs.EpochPlan,
+    window: tuple[int, int] | None,
+    timer: timing.StepTimer | None,
+    timing_service: TimingService,
+    services: list[Service],
+    model_dir: str,
+    worker: tuple[bool, str],
+    verbose: int,
+    single_process: bool,
+) -> tuple[checkpoint_lib.Checkpointer, checkpoint_lib.Progress]:
+    """Restores the latest checkpoint and appends the services that write to `model_dir`."""
+    chief, worker_name = worker
+    progress = checkpoint_lib.Progress()
+    checkpoints = f"{model_dir}/checkpoints"
+    scratch_dir = None if chief else f"{model_dir}/workers/{worker_name}"
+    checkpointer = checkpoint_lib.Checkpointer(
+        checkpoints if chief else f"{scratch_dir}/checkpoints",
+        lambda: checkpoint_lib.training_state(model, extra_state()),
+        max_to_keep=options.max_to_keep if chief else 1,
+        restore_directory=None if chief else checkpoints,
+    )
+    if checkpointer.latest is not None and not model.built:
+        raise ValueError(
+            f"Cannot resume from {checkpointer.latest}: the model is not built yet, so its variables "
+            "do not exist to be restored. Expected a built model: call it once on a batch, or "
+            "`model.build(input_shape)`, before `fit`."
+        )
+    restored = checkpointer.restore_latest(plan.next_iterator())
+    if restored is not None:
+        progress = restored
+        plan.resume(progress.batches_in_pass, progress.step_in_epoch, checkpointer.iterator_restored)
+        if "timing" in checkpointer.service_states:
+            timing_service.load_state_dict(checkpointer.service_states["timing"])
+        report_resume(
+            f"tftrain: resumed from {checkpointer.latest} at step {progress.global_step} "
+            f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch).",
+            verbose,
+        )
+    if chief and window is not None:
+        services.append(ProfilerService(summaries.ProfileWindow(f"{model_dir}/train", window)))
+        if progress.global_step > window[0] - 1:
+            warnings.warn(
+                f"profile_steps={options.profile_steps} starts at or before step {progress.global_step}, "
+                "where this run resumes: nothing is profiled. Expected a window after the resume point.",
+                stacklevel=4,
+            )
+    if chief:
+        writer = summaries.TrainingSummaries(model_dir, every_steps=options.summary_every_steps)
+        # A resumed run's first call is not the job's trace: its trace time was written already.
+        services.append(
+            SummaryService(
+                writer,
+                timer,
+                getattr(model, "optimizer", None),
+                trace_written=progress.global_step > 0,
+            )
+        )
+    checkpoint_service = CheckpointService(checkpointer, options.checkpoint_every_steps, timer, scratch_dir)
+    services.append(checkpoint_service)
+    if options.preemption_signals and single_process:
+        services.append(PreemptionService(options.preemption_signals, checkpoint_service))
+    return checkpointer, progress
 
 
 class TrainingRun:
