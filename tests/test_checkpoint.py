@@ -8,6 +8,7 @@ final state to an uninterrupted run's bit for bit. (Killing a real process is
 covered by test_trainer_resume.py.)
 """
 
+import glob
 import os
 import re
 import warnings
@@ -20,6 +21,7 @@ from helpers import compile_args, make_mlp
 from tensorflow.python.framework import config as tf_config
 
 import tftrain
+from tftrain import checkpoint as checkpoint_lib
 from tftrain.checkpoint import (
     Checkpointer,
     CorruptCheckpointError,
@@ -496,3 +498,77 @@ def test_uncheckpointable_iterator_resumes_after_an_epoch_end_at_the_next_pass(t
     assert probe.start_step == 5
     assert int(resumed.optimizer.iterations) == 10  # epoch 2 trained all 5 of its batches
     assert_same_run(resumed, reference, epochs_run=1)
+
+
+# ------------------------------------------------------------------ best checkpoint, restore_model
+
+
+def test_the_best_epoch_is_kept_apart_and_restore_model_loads_it(tmp_path):
+    x = np.random.RandomState(0).rand(32, 6).astype("float32")
+    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
+    weights_at_epoch_end = []
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            weights_at_epoch_end.append([w.copy() for w in self.model.get_weights()])
+
+    trainer = tftrain.Trainer(
+        make_mlp(),
+        keras.optimizers.SGD(0.5),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        model_dir=str(tmp_path),
+        max_to_keep=1,
+        best_checkpoint_monitor="val_loss",
+    )
+    history = trainer.fit(
+        x, y, batch_size=8, epochs=6, validation_data=(x[:8], y[:8]), callbacks=[Record()], verbose=0
+    )
+    best_epoch = int(np.argmin(history.history["val_loss"]))
+    best = tf.train.latest_checkpoint(str(tmp_path / "best"))
+    assert best.endswith(f"ckpt-{(best_epoch + 1) * 4}")  # numbered by the step of that epoch's end
+    assert len(glob.glob(str(tmp_path / "best" / "*.index"))) == 1
+    fresh = make_mlp(seed=9)
+    fresh.compile(keras.optimizers.SGD(0.5), "mse")
+    assert checkpoint_lib.restore_model(fresh, str(tmp_path / "best")) == best
+    for got, expected in zip(fresh.get_weights(), weights_at_epoch_end[best_epoch], strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert int(fresh.optimizer.iterations) == (best_epoch + 1) * 4
+
+
+def test_a_best_checkpoint_monitor_that_no_log_provides_fails_at_the_first_epoch_end(tmp_path):
+    trainer = tftrain.Trainer(
+        make_mlp(), "sgd", "mse", model_dir=str(tmp_path), best_checkpoint_monitor="val_acc"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"best_checkpoint_monitor='val_acc', but the epoch's logs are \['loss', 'val_loss'\]",
+    ):
+        trainer.fit(
+            np.zeros((8, 6), "float32"),
+            np.zeros((8, 3), "float32"),
+            epochs=3,
+            validation_split=0.5,
+            verbose=0,
+        )
+    assert int(trainer.model.optimizer.iterations) == 1
+    with pytest.raises(ValueError, match="best_checkpoint_mode='lowest'"):
+        tftrain.Trainer(
+            make_mlp(), model_dir=str(tmp_path), best_checkpoint_monitor="loss", best_checkpoint_mode="lowest"
+        )
+    with pytest.raises(ValueError, match="best_checkpoint_monitor='loss' with model_dir=None"):
+        tftrain.Trainer(make_mlp(), best_checkpoint_monitor="loss")
+
+
+def test_restore_model_refuses_what_does_not_fit(tmp_path):
+    with pytest.raises(checkpoint_lib.CheckpointError, match="No checkpoint in"):
+        checkpoint_lib.restore_model(make_mlp(), str(tmp_path))
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path))
+    trainer.fit(np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32"), verbose=0)
+    wider = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(9, activation="relu"), keras.layers.Dense(3)]
+    )
+    before = [w.copy() for w in wider.get_weights()]
+    with pytest.raises(checkpoint_lib.IncompatibleCheckpointError, match="shape"):
+        checkpoint_lib.restore_model(wider, str(tmp_path / "checkpoints"), include_optimizer=False)
+    for got, expected in zip(wider.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(got, expected)  # nothing partly restored

@@ -271,6 +271,58 @@ class CheckpointService(Service):
             tf.io.gfile.rmtree(self.scratch_dir)
 
 
+class BestCheckpointService(Service):
+    """Keeps the checkpoint of the best epoch by a monitored log, apart from the rotating ones.
+
+    At each epoch end whose logs improve on the best `monitor` value so far,
+    the run's state is saved to its own directory (one checkpoint, replaced
+    only by a better one; never rotated away by the regular checkpoints). The
+    best value is saved with the regular checkpoints, so a resumed run goes
+    on comparing with it.
+
+    Args:
+        checkpointer: Writes to the best checkpoint's directory (`max_to_keep=1`).
+        monitor: The log to watch, e.g. `"val_loss"`.
+        mode: `"min"`, `"max"`, or `"auto"` (max for accuracy-like names, else min).
+
+    Raises:
+        ValueError: (at the first epoch end) `monitor` is not among the logs.
+    """
+
+    name = "best_checkpoint"
+
+    def __init__(self, checkpointer: checkpoint_lib.Checkpointer, monitor: str, mode: str = "auto"):
+        self.checkpointer = checkpointer
+        self.monitor = monitor
+        if mode == "auto":
+            mode = "max" if any(part in monitor for part in ("acc", "auc", "precision", "recall")) else "min"
+        self.mode = mode
+        self.best: float | None = None
+
+    def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
+        if self.monitor not in logs:
+            if self.monitor.startswith("val_") and not any(key.startswith("val_") for key in logs):
+                return  # no validation in this epoch (validation_freq)
+            raise ValueError(
+                f"Invalid value for argument `best_checkpoint_monitor`. Received: "
+                f"best_checkpoint_monitor={self.monitor!r}, but the epoch's logs are {sorted(logs)}. "
+                "Expected one of those names (validation logs need `validation_data`)."
+            )
+        value = float(logs[self.monitor])
+        if self.best is not None and not (value < self.best if self.mode == "min" else value > self.best):
+            return
+        self.best = value
+        progress = run.progress
+        self.checkpointer.save(progress, None, run.service_states(), number=progress.global_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"monitor": self.monitor, "best": self.best}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("monitor") == self.monitor:
+            self.best = state.get("best")
+
+
 class PreemptionService(Service):
     """Stops a run on a preemption signal with a checkpoint at the step reached.
 

@@ -43,6 +43,7 @@ from tftrain.checkpoint_validation import (
 )
 
 __all__ = [
+    "restore_model",
     "ModelDirInUseError",
     "CHECKPOINT_NAME",
     "CheckpointError",
@@ -438,3 +439,58 @@ class Checkpointer:
             del self._data.iterator
         self._iterator_saved.assign(False)
         return self.manager.save(checkpoint_number=number)
+
+
+def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = True) -> str:
+    """Restores a model (and its optimizer) from a tftrain checkpoint, validated first.
+
+    For evaluating or exporting a saved state: the best checkpoint
+    (`model_dir/best`), a chosen step (`model_dir/checkpoints/ckpt-3000`).
+    Every tensor is read and every variable checked by name and shape before
+    anything is assigned, as a resuming `fit` does; the rest of the saved
+    state (progress, data iterator, metrics) is left alone.
+
+    Args:
+        model: The model, built (its variables exist).
+        path: A checkpoint path prefix (`.../ckpt-3000`), or a directory
+            (its latest checkpoint is used).
+        include_optimizer: Also restore `model.optimizer`'s state (its
+            variables are created first if needed).
+
+    Returns:
+        The checkpoint path restored.
+
+    Raises:
+        CheckpointError: `path` holds no checkpoint.
+        CorruptCheckpointError: the checkpoint cannot be read.
+        IncompatibleCheckpointError: it does not fit the model (nothing restored).
+        ValueError: the model is not built.
+    """
+    path = str(path)
+    if tf.io.gfile.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            raise CheckpointError(f"No checkpoint in {path}. Expected a directory a tftrain run saved to.")
+        path = latest
+    if not model.built:
+        raise ValueError(
+            f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
+            "built model: call it once on a batch, or `model.build(input_shape)`."
+        )
+    try:
+        reader = tf.train.load_checkpoint(path)
+        read_all_tensors(reader)
+    except (tf.errors.NotFoundError, ValueError) as error:
+        raise CheckpointError(f"No readable checkpoint at {path}: {error}") from error
+    except tf.errors.OpError as error:
+        raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+    state: dict[str, Any] = {"model": model}
+    optimizer = getattr(model, "optimizer", None)
+    if include_optimizer and optimizer is not None:
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        state["optimizer"] = optimizer
+    root = tf.train.Checkpoint(**state)
+    check_compatible(path, reader, root, only=tuple(state))
+    root.read(path).expect_partial()
+    return path

@@ -102,7 +102,9 @@ def _shape(shape: Any) -> tuple[int | None, ...]:
     return tuple(tf.TensorShape(shape).as_list())
 
 
-def check_compatible(path: str, reader: tf.train.CheckpointReader, root: Any) -> None:
+def check_compatible(
+    path: str, reader: tf.train.CheckpointReader, root: Any, *, only: tuple[str, ...] | None = None
+) -> None:
     """Raises `IncompatibleCheckpointError` if `root`'s variables do not match the checkpoint.
 
     The checkpoint's object graph is matched to the live objects by name, as
@@ -113,6 +115,8 @@ def check_compatible(path: str, reader: tf.train.CheckpointReader, root: Any) ->
         path: The checkpoint (for the message).
         reader: `tf.train.load_checkpoint(path)`.
         root: What would be restored (a `tf.train.Checkpoint`).
+        only: Compare only the saved objects under these names of the
+            checkpoint's root (e.g. `("model",)`); None: everything saved.
     """
     shapes = reader.get_variable_to_shape_map()
     matched, unmatched = _match_saved_graph(reader, root)
@@ -129,6 +133,8 @@ def check_compatible(path: str, reader: tf.train.CheckpointReader, root: Any) ->
                 f"variable {_describe(key, variable)} has shape {_shape(shapes[key])} in the checkpoint "
                 f"but {_shape(variable.shape)} in the model"
             )
+    if only is not None:
+        unmatched = [(key, name) for key, name in unmatched if key.split("/", 1)[0] in only]
     problems += [
         f"the checkpoint has {_describe(key, saved_name=name)} of shape {_shape(shapes[key])}, "
         "which the model lacks"

@@ -101,6 +101,12 @@ class Trainer(InferenceMixin, ExportMixin):
             `tftrain.PreemptedError`; rerunning resumes exactly there. `()`
             keeps the process's default handlers (SIGTERM then kills it).
             Installed only while `fit` runs.
+        best_checkpoint_monitor: With `model_dir`: also keep the checkpoint of
+            the best epoch by this log (e.g. `"val_loss"`) in `model_dir/best`,
+            apart from the rotating ones (load it with
+            `tftrain.checkpoint.restore_model`).
+        best_checkpoint_mode: `"min"`, `"max"` or `"auto"` (max for
+            accuracy-like names).
         mixed_precision: `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`:
             switch the model's layers to this Keras dtype policy (variables
             stay float32) and, for float16, wrap the optimizer in a
@@ -132,6 +138,8 @@ class Trainer(InferenceMixin, ExportMixin):
         terminate_on_nan: bool = True,
         mixed_precision: str | None = None,
         preemption_signals: Any = (signal.SIGTERM,),
+        best_checkpoint_monitor: str | None = None,
+        best_checkpoint_mode: str = "auto",
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -155,6 +163,8 @@ class Trainer(InferenceMixin, ExportMixin):
             profile_steps=profile_steps,
             terminate_on_nan=terminate_on_nan,
             preemption_signals=preemption_signals,
+            best_checkpoint_monitor=best_checkpoint_monitor,
+            best_checkpoint_mode=best_checkpoint_mode,
         )
         self.model_dir = self.run_options.model_dir
         strategy_checks.check_model_in_scope(model, self.strategy)

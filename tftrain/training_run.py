@@ -21,6 +21,7 @@ from typing import Any
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import hooks, inputs, loops, summaries, timing
 from tftrain._services import (
+    BestCheckpointService,
     CheckpointService,
     NonFiniteGuard,
     NonFiniteLossError,
@@ -55,6 +56,8 @@ class RunOptions:
     profile_steps: tuple[int, int] | None = None
     terminate_on_nan: bool = True
     preemption_signals: tuple[int, ...] = (signal.SIGTERM,)
+    best_checkpoint_monitor: str | None = None
+    best_checkpoint_mode: str = "auto"
 
     def __post_init__(self):
         summaries.check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
@@ -67,8 +70,24 @@ class RunOptions:
             )
         object.__setattr__(self, "profile_steps", summaries.check_profile_steps(self.profile_steps))
         object.__setattr__(self, "preemption_signals", _check_signals(self.preemption_signals))
+        monitor = self.best_checkpoint_monitor
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise ValueError(
+                f"Invalid value for argument `best_checkpoint_monitor`. Received: best_checkpoint_monitor="
+                f"{monitor!r}. Expected the name of a log, e.g. 'val_loss', or None."
+            )
+        if self.best_checkpoint_mode not in ("auto", "min", "max"):
+            raise ValueError(
+                "Invalid value for argument `best_checkpoint_mode`. Received: best_checkpoint_mode="
+                f"{self.best_checkpoint_mode!r}. Expected 'auto', 'min' or 'max'."
+            )
         if self.model_dir is None:
-            for name in ("checkpoint_every_steps", "summary_every_steps", "profile_steps"):
+            for name in (
+                "checkpoint_every_steps",
+                "summary_every_steps",
+                "profile_steps",
+                "best_checkpoint_monitor",
+            ):
                 if getattr(self, name) is not None:
                     raise ValueError(
                         f"Invalid combination of arguments. Received: {name}={getattr(self, name)!r} with "
@@ -246,6 +265,20 @@ def _model_dir_services(
                 trace_written=progress.global_step > 0,
             )
         )
+    if chief and options.best_checkpoint_monitor is not None:
+        # Before the regular checkpoint: the best value it saves must include this epoch's.
+        best = BestCheckpointService(
+            checkpoint_lib.Checkpointer(
+                f"{model_dir}/best",
+                lambda: checkpoint_lib.training_state(model, extra_state()),
+                max_to_keep=1,
+            ),
+            options.best_checkpoint_monitor,
+            options.best_checkpoint_mode,
+        )
+        if "best_checkpoint" in checkpointer.service_states:
+            best.load_state_dict(checkpointer.service_states["best_checkpoint"])
+        services.append(best)
     checkpoint_service = CheckpointService(checkpointer, options.checkpoint_every_steps, timer, scratch_dir)
     services.append(checkpoint_service)
     if options.preemption_signals and single_process:
