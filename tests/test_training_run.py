@@ -301,3 +301,72 @@ def test_fit_outside_the_main_thread_warns_that_preemption_cannot_checkpoint(tmp
     thread.start()
     thread.join()
     assert any("outside the main thread" in message for message in caught)
+
+
+# ------------------------------------------------------------------ step budgets
+
+
+class _Calls(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.ends = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(int(self.model.optimizer.iterations.numpy()))
+
+
+def test_a_step_budget_on_endless_data_is_one_epoch_and_calls_stop_at_it():
+    endless = tf.data.Dataset.from_tensor_slices((np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32")))
+    calls = _Calls()
+    trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", steps_per_loop=3)
+    history = trainer.fit(endless.batch(2).repeat(), total_steps=10, callbacks=[calls], verbose=0)
+    assert calls.ends == [3, 6, 9, 10] and len(history.history["loss"]) == 1
+
+
+def test_a_step_budget_over_epochs_cuts_the_last_one_and_validates_it():
+    x, y = np.zeros((12, 6), "float32"), np.zeros((12, 3), "float32")
+    trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse")
+    history = trainer.fit(
+        x, y, batch_size=2, total_steps=14, validation_data=(x, y), verbose=0
+    )  # 6 per epoch
+    assert history.epoch == [0, 1, 2] and len(history.history["val_loss"]) == 3
+    assert int(trainer.model.optimizer.iterations.numpy()) == 14
+
+
+def test_a_killed_step_budget_run_finishes_exactly(tmp_path):
+    x = np.random.RandomState(0).rand(12, 6).astype("float32")
+    y = x[:, :3] * 2
+
+    def run(model_dir, callbacks=()):
+        trainer = tftrain.Trainer(
+            make_mlp(), optimizer="adam", loss="mse", model_dir=str(model_dir), checkpoint_every_steps=2
+        )
+        trainer.fit(x, y, batch_size=2, shuffle=False, total_steps=15, callbacks=list(callbacks), verbose=0)
+        return trainer.model
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 9:
+                raise RuntimeError("killed")
+
+    reference = run(tmp_path / "uninterrupted")
+    with pytest.raises(RuntimeError, match="killed"):
+        run(tmp_path / "killed", [Crash()])
+    resumed = run(tmp_path / "killed")
+    assert int(resumed.optimizer.iterations.numpy()) == 15
+    for got, expected in zip(resumed.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert tf.train.latest_checkpoint(str(tmp_path / "killed" / "checkpoints")).endswith("ckpt-15")
+
+
+def test_step_budget_bad_input():
+    trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse")
+    x, y = np.zeros((12, 6), "float32"), np.zeros((12, 3), "float32")
+    with pytest.raises(ValueError, match="total_steps=14 and epochs=2.*takes 3 epochs"):
+        trainer.fit(x, y, batch_size=2, total_steps=14, epochs=2, verbose=0)
+    with pytest.raises(ValueError, match="total_steps=0"):
+        trainer.fit(x, y, total_steps=0, verbose=0)
+    unknown = tf.data.Dataset.from_tensor_slices((x, y)).batch(2).filter(lambda a, b: True)
+    with pytest.raises(ValueError, match="data of unknown length and steps_per_epoch=None"):
+        trainer.fit(unknown, total_steps=5, verbose=0)
+    assert int(trainer.model.optimizer.iterations.numpy()) == 0

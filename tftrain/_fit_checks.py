@@ -6,6 +6,8 @@ a bad call fails before it trains (or touches a `model_dir`) at all.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import keras
@@ -124,3 +126,37 @@ def check_batched_for_model(model: keras.Model, element_spec: Any, argument: str
             f"{[list(tensor.shape) for tensor in model_inputs]}). Expected a batched dataset: batch it "
             "with `dataset.batch(batch_size)`."
         )
+
+
+def step_budget_epochs(
+    data: inputs.AdaptedInput, total_steps: int, epochs: int
+) -> tuple[inputs.AdaptedInput, int]:
+    """The epochs that train `total_steps` steps (the last one cut short), and the data's steps per epoch.
+
+    Data that never ends with no `steps_per_epoch` makes one epoch of
+    `total_steps` steps.
+
+    Raises:
+        ValueError: `epochs` (other than its default 1) contradicts the budget,
+            or the data's length is unknown and no `steps_per_epoch` says how
+            long an epoch is.
+    """
+    cardinality = int(data.dataset.cardinality())
+    per_epoch = data.steps or (cardinality if cardinality > 0 else None)
+    if per_epoch is None:
+        if cardinality != tf.data.INFINITE_CARDINALITY:
+            raise ValueError(
+                f"Invalid combination of arguments. Received: total_steps={total_steps} with data of unknown "
+                "length and steps_per_epoch=None. Expected steps_per_epoch=<steps>, so the budget can be "
+                "split into epochs, or data that repeats (one epoch of total_steps steps)."
+            )
+        per_epoch = total_steps
+        data = dataclasses.replace(data, steps=total_steps)
+    needed = math.ceil(total_steps / per_epoch)
+    if epochs not in (1, needed):
+        raise ValueError(
+            f"Invalid combination of arguments. Received: total_steps={total_steps} and epochs={epochs}, "
+            f"with {per_epoch} steps per epoch: the budget takes {needed} epochs. Expected epochs={needed} "
+            "(or left at its default), or no total_steps."
+        )
+    return data, needed

@@ -85,6 +85,18 @@ class Service:
         """Releases what the service holds (writers, the profiler, scratch files)."""
 
 
+class StepBudget(Service):
+    """Ends the run at a total number of training steps (a k-step call never passes it)."""
+
+    name = "step_budget"
+
+    def __init__(self, total_steps: int):
+        self.total_steps = total_steps
+
+    def next_stop(self, step: int) -> int | None:
+        return self.total_steps if step < self.total_steps else None
+
+
 class NonFiniteGuard(Service):
     """Stops training at the first step whose loss (`loss` or `*_loss`) is NaN or infinite."""
 

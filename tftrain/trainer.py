@@ -335,6 +335,8 @@ class Trainer(InferenceMixin, ExportMixin):
         validation_steps: int | None = None,
         validation_batch_size: int | None = None,
         validation_freq: int | list[int] = 1,
+        *,
+        total_steps: int | None = None,
     ) -> keras.callbacks.History:
         """Trains the model, as `keras.Model.fit` does.
 
@@ -369,6 +371,11 @@ class Trainer(InferenceMixin, ExportMixin):
                 (default: `batch_size`).
             validation_freq: Validate every this many epochs, or after the
                 (1-based) epochs in a list.
+            total_steps: (tftrain) A step budget: train until this many
+                steps in all, the last epoch cut short; `epochs` follows
+                from it (data that never ends, without `steps_per_epoch`,
+                makes one epoch). A rerun on the same `model_dir` finishes
+                the budget exactly.
 
         Returns:
             The `keras.callbacks.History` (also `self.model.history`).
@@ -389,17 +396,18 @@ class Trainer(InferenceMixin, ExportMixin):
             (x, y, sample_weight), validation_data = inputs.split_validation(
                 x, y, sample_weight, validation_split
             )
-        plan = self._plan(
-            inputs.adapt(
-                x,
-                y,
-                sample_weight,
-                batch_size=batch_size,
-                steps=steps_per_epoch,
-                shuffle=shuffle,
-                class_weight=class_weight,
-            )
+        train = inputs.adapt(
+            x,
+            y,
+            sample_weight,
+            batch_size=batch_size,
+            steps=steps_per_epoch,
+            shuffle=shuffle,
+            class_weight=class_weight,
         )
+        if check_int("total_steps", total_steps, optional=True) is not None:
+            train, epochs = _fit_checks.step_budget_epochs(train, total_steps, epochs)
+        plan = self._plan(train)
         _fit_checks.check_single_pass(
             plan,
             epochs - initial_epoch,
@@ -446,6 +454,7 @@ class Trainer(InferenceMixin, ExportMixin):
             verbose=hooks.check_verbose(verbose),
             worker=distribute.worker_role(self.strategy),
             single_process=distribute.num_workers(self.strategy) == 1,
+            total_steps=total_steps,
         )
         callback_list = keras.callbacks.CallbackList(
             callbacks,
@@ -482,7 +491,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 callback_list.on_epoch_end(epoch, epoch_logs)
                 training_logs = epoch_logs
                 run.end_epoch(_keras_compat.pythonify_logs(epoch_logs))
-                if self.model.stop_training:
+                if self.model.stop_training or run.finished:
                     break
             optimizer = getattr(self.model, "optimizer", None)
             if isinstance(optimizer, keras.optimizers.Optimizer) and epochs > 0:

@@ -29,6 +29,7 @@ from tftrain._services import (
     PreemptionService,
     ProfilerService,
     Service,
+    StepBudget,
     SummaryService,
     TimingService,
 )
@@ -138,6 +139,7 @@ def start_run(
     verbose: int = 1,
     worker: tuple[bool, str] = (True, "chief"),
     single_process: bool = True,
+    total_steps: int | None = None,
 ) -> TrainingRun:
     """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
@@ -155,6 +157,8 @@ def start_run(
             `model_dir`; another worker restores the chief's checkpoints and
             saves its own copies (every worker must take part in a save) to
             `model_dir/workers/<name>`, removed when the run ends.
+        total_steps: End the run after this many training steps in all (a
+            resumed run trains up to it); None: the epochs decide.
         single_process: Whether the run has one worker process: only then
             does a preemption signal checkpoint and stop the run (every
             worker takes part in a save, and a signal reaches one process).
@@ -168,10 +172,14 @@ def start_run(
             built to restore it.
         tftrain.checkpoint.CheckpointError: the checkpoint cannot be used.
     """
-    total_steps = epochs * plan.steps if plan.steps is not None else None
-    window = summaries.check_profile_steps(options.profile_steps, total_steps)
+    planned_steps = epochs * plan.steps if plan.steps is not None else None
+    if total_steps is not None:
+        planned_steps = total_steps
+    window = summaries.check_profile_steps(options.profile_steps, planned_steps)
     timing_service = TimingService(timer, trace_counter)
     services: list[Service] = [NonFiniteGuard()] if options.terminate_on_nan else []
+    if total_steps is not None:
+        services.append(StepBudget(total_steps))
     checkpointer = None
     progress = checkpoint_lib.Progress()
     if options.model_dir is not None:
@@ -201,7 +209,14 @@ def start_run(
         if lock is not None:
             services.append(lock)
     services.append(timing_service)
-    return TrainingRun(plan, progress, services, checkpointer=checkpointer, timing_service=timing_service)
+    return TrainingRun(
+        plan,
+        progress,
+        services,
+        checkpointer=checkpointer,
+        timing_service=timing_service,
+        total_steps=total_steps,
+    )
 
 
 def _model_dir_services(
@@ -296,6 +311,7 @@ class TrainingRun:
             (the NaN guard first, the checkpoint after the summaries).
         checkpointer: The run's checkpoints, or None.
         timing_service: The service that keeps the timing state and trace count, or None.
+        total_steps: The run's step budget, or None.
     """
 
     def __init__(
@@ -306,14 +322,21 @@ class TrainingRun:
         *,
         checkpointer: checkpoint_lib.Checkpointer | None = None,
         timing_service: TimingService | None = None,
+        total_steps: int | None = None,
     ):
         self.plan = plan
+        self.total_steps = total_steps
         self.progress = progress
         self.services = list(services)
         self.checkpointer = checkpointer
         self.timing_service = timing_service
         self.resumed = progress.global_step > 0 or progress.epoch > 0
         self.epoch_steps: int | None = None  # steps in the current epoch, if known
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has trained its step budget (never, without one)."""
+        return self.total_steps is not None and self.progress.global_step >= self.total_steps
 
     def trace_count(self) -> int:
         """Traces of the training step in this run (a resumed run adds the checkpointed count)."""
@@ -396,6 +419,8 @@ def run_pass(
     try:
         iterator = plan.begin_epoch()
         while target is None or step < target:
+            if run is not None and run.finished:
+                break
             wanted = steps_per_loop
             if target is not None:
                 wanted = min(wanted, target - step)
