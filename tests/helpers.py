@@ -46,3 +46,27 @@ TIMING_REPORT_KEYS = {
     "checkpoint_saves",
     "checkpoint_save_median_s",
 }
+
+
+def read_run(run_dir) -> dict:
+    """Every scalar of a TensorBoard run's event files: {tag: [(step, value), ...]} in write order.
+
+    `tf.summary.scalar` in TF2 writes tensor events; older writers wrote scalar
+    events. Both are read.
+    """
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+
+    accumulator = event_accumulator.EventAccumulator(
+        str(run_dir), size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0}
+    )
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    values = {}
+    for tag in tags[event_accumulator.SCALARS]:
+        values[tag] = [(event.step, float(event.value)) for event in accumulator.Scalars(tag)]
+    for tag in tags[event_accumulator.TENSORS]:
+        values[tag] = [
+            (event.step, float(tf.make_ndarray(event.tensor_proto))) for event in accumulator.Tensors(tag)
+        ]
+    return values

@@ -8,8 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import compile_args, make_mlp
-from tensorboard.backend.event_processing import event_accumulator
+from helpers import compile_args, make_mlp, read_run
 
 import tftrain
 from tftrain import summaries
@@ -22,27 +21,6 @@ def classification_data(examples=16, batch_size=4, seed=0):
     x = rng.rand(examples, 6).astype("float32")
     y = (x[:, 0] * 3).astype("int32").clip(0, 2)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
-
-
-def read_run(run_dir):
-    """Every scalar of a run's event files: {tag: [(step, value), ...]} in write order.
-
-    `tf.summary.scalar` in TF2 writes tensor events; older writers wrote scalar
-    events. Both are read.
-    """
-    accumulator = event_accumulator.EventAccumulator(
-        str(run_dir), size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0}
-    )
-    accumulator.Reload()
-    tags = accumulator.Tags()
-    values = {}
-    for tag in tags[event_accumulator.SCALARS]:
-        values[tag] = [(event.step, float(event.value)) for event in accumulator.Scalars(tag)]
-    for tag in tags[event_accumulator.TENSORS]:
-        values[tag] = [
-            (event.step, float(tf.make_ndarray(event.tensor_proto))) for event in accumulator.Tensors(tag)
-        ]
-    return values
 
 
 def steps_of(events):

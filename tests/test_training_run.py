@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import make_mlp
+from helpers import make_mlp, read_run
 
 import tftrain
 from tftrain import loops, training_run
@@ -370,3 +370,61 @@ def test_step_budget_bad_input():
     with pytest.raises(ValueError, match="data of unknown length and steps_per_epoch=None"):
         trainer.fit(unknown, total_steps=5, verbose=0)
     assert int(trainer.model.optimizer.iterations.numpy()) == 0
+
+
+# ------------------------------------------------------------------ validation every N steps
+
+
+def test_validation_every_n_steps_keeps_the_epochs_metrics_and_records_each(tmp_path):
+    x = np.random.RandomState(0).rand(24, 6).astype("float32")
+    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
+    tests = []
+
+    class Tests(keras.callbacks.Callback):
+        def on_test_end(self, logs=None):
+            tests.append(int(self.model.optimizer.iterations.numpy()))
+
+    def make(model_dir=None):
+        return tftrain.Trainer(
+            make_mlp(),
+            keras.optimizers.SGD(0.1),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            model_dir=model_dir,
+        )
+
+    plain = make().fit(x, y, batch_size=4, epochs=2, shuffle=False, validation_data=(x, y), verbose=0)
+    trainer = make(str(tmp_path))
+    history = trainer.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        validation_data=(x, y),
+        validation_every_steps=4,
+        callbacks=[Tests()],
+        verbose=0,
+    )
+    # Every 4 steps (mid-epoch too) and at both epoch ends (6 steps each): at steps 4, 6, 8, 12, 12.
+    assert tests == [4, 6, 8, 12, 12]
+    assert history.step_history["step"] == [4, 8, 12] and len(history.step_history["val_loss"]) == 3
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):  # the epochs' logs are untouched
+        np.testing.assert_allclose(history.history[key], plain.history[key], rtol=1e-6)
+    validation = read_run(tmp_path / "validation")
+    assert [step for step, _ in validation["step_loss"]] == [4, 8, 12]
+    np.testing.assert_allclose(
+        [value for _, value in validation["step_loss"]], history.step_history["val_loss"], rtol=1e-6
+    )
+
+
+def test_validation_every_n_steps_needs_validation_data():
+    trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="validation_every_steps=5 with no validation data"):
+        trainer.fit(
+            np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32"), validation_every_steps=5, verbose=0
+        )
+    with pytest.raises(ValueError, match="validation_every_steps=0"):
+        trainer.fit(
+            np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32"), validation_every_steps=0, verbose=0
+        )

@@ -97,6 +97,40 @@ class StepBudget(Service):
         return self.total_steps if step < self.total_steps else None
 
 
+class PeriodicValidation(Service):
+    """Validates every N training steps, mid-epoch included (beyond `fit`'s per-epoch validation).
+
+    Args:
+        every_steps: Validate at each multiple of this many global steps.
+        validate: Runs one validation (its callback hooks included) and
+            returns its logs (without the `val_` prefix).
+        history: Where each validation is recorded: `"step"` -> the global
+            steps, `"val_<name>"` -> the values (`History.step_history`).
+    """
+
+    name = "periodic_validation"
+
+    def __init__(self, every_steps: int, validate: Any, history: dict[str, list[Any]]):
+        self.every_steps = every_steps
+        self.validate = validate
+        self.history = history
+
+    def next_stop(self, step: int) -> int | None:
+        return (step // self.every_steps + 1) * self.every_steps
+
+    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+        step = run.progress.global_step
+        if step % self.every_steps:
+            return
+        logs = self.validate()
+        self.history.setdefault("step", []).append(step)
+        for key, value in logs.items():
+            self.history.setdefault(f"val_{key}", []).append(value)
+        for service in run.services:
+            if isinstance(service, SummaryService):
+                service.validation_at(step, logs)
+
+
 class NonFiniteGuard(Service):
     """Stops training at the first step whose loss (`loss` or `*_loss`) is NaN or infinite."""
 
@@ -209,6 +243,15 @@ class SummaryService(Service):
 
     def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
         self.epoch_end_at(run.progress.global_step, logs)
+
+    def validation_at(self, step: int, logs: dict[str, Any]) -> None:
+        """Writes a validation taken at global step `step` (`step_*` scalars of the validation run)."""
+        self.writer.write(
+            summaries.VALIDATION_RUN,
+            step,
+            {f"step_{key}": value for key, value in summaries.scalars(logs).items()},
+        )
+        self.writer.flush()
 
     def epoch_end_at(self, step: int, logs: dict[str, Any]) -> None:
         """Writes an epoch's logs, learning rate and speed (since the last write) at global step `step`."""

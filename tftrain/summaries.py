@@ -41,7 +41,7 @@ def learning_rate_of(optimizer: Any) -> float | None:
         return None
 
 
-def _scalars(logs: Mapping[str, Any] | None) -> dict[str, float]:
+def scalars(logs: Mapping[str, Any] | None) -> dict[str, float]:
     """The scalar entries of logs as floats (other entries are skipped)."""
     result = {}
     for key, value in (logs or {}).items():
@@ -100,7 +100,7 @@ class TrainingSummaries:
         rates: Mapping[str, float] | None = None,
     ) -> None:
         """Writes the training logs, learning rate and timing rates at an N-step mark."""
-        values = {f"step_{key}": value for key, value in _scalars(logs).items()}
+        values = {f"step_{key}": value for key, value in scalars(logs).items()}
         if learning_rate is not None:
             values["learning_rate"] = learning_rate
         values.update(rates or {})
@@ -116,7 +116,7 @@ class TrainingSummaries:
     ) -> None:
         """Writes an epoch's logs (`val_*` entries to the validation run, the rest to train) and speed."""
         train, validation = {}, {}
-        for key, value in _scalars(logs).items():
+        for key, value in scalars(logs).items():
             if key.startswith("val_"):
                 validation[f"epoch_{key[4:]}"] = value
             else:

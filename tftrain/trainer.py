@@ -30,6 +30,7 @@ from tftrain import (
 )
 from tftrain._export import ExportMixin
 from tftrain._inference import InferenceMixin
+from tftrain._services import PeriodicValidation
 from tftrain._validation import check_int
 
 _TRACKED_TYPES = (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable, keras.metrics.Metric)
@@ -302,6 +303,14 @@ class Trainer(InferenceMixin, ExportMixin):
             return iter
         return lambda ds: iter(self.strategy.experimental_distribute_dataset(ds))
 
+    def _validate_mid_epoch(self, plan: inputs.EpochPlan, callback_list: Any) -> dict[str, Any]:
+        """Validates without losing the epoch's training metrics (an evaluation resets every metric)."""
+        saved = [(variable, variable.numpy()) for metric in self.metrics for variable in metric.variables]
+        logs = self._run_evaluation(plan, callback_list)
+        for variable, value in saved:
+            variable.assign(value)
+        return logs
+
     def _final_logs(self, logs: Any, step: str) -> dict[str, Any]:
         """A pass's logs as fit reports them: the model's metric results where they match the step's logs.
 
@@ -337,6 +346,7 @@ class Trainer(InferenceMixin, ExportMixin):
         validation_freq: int | list[int] = 1,
         *,
         total_steps: int | None = None,
+        validation_every_steps: int | None = None,
     ) -> keras.callbacks.History:
         """Trains the model, as `keras.Model.fit` does.
 
@@ -376,6 +386,13 @@ class Trainer(InferenceMixin, ExportMixin):
                 from it (data that never ends, without `steps_per_epoch`,
                 makes one epoch). A rerun on the same `model_dir` finishes
                 the budget exactly.
+            validation_every_steps: (tftrain) Also validate every this many
+                global steps, mid-epoch included (the training metrics of
+                the epoch are kept). Each such validation runs the `on_test_*`
+                hooks, is recorded in `history.step_history` (`"step"` and
+                `"val_<name>"` lists) and written to TensorBoard at its step
+                (`step_*` in the validation run). `validation_freq=[]` turns
+                the per-epoch validation off.
 
         Returns:
             The `keras.callbacks.History` (also `self.model.history`).
@@ -439,10 +456,34 @@ class Trainer(InferenceMixin, ExportMixin):
                 val_plan, validations, "validation_data", "validation_steps", f"{validations} validations"
             )
             self._check_data(val_plan.dataset, "validation_data", "eval_step")
+        if check_int("validation_every_steps", validation_every_steps, optional=True) and val_plan is None:
+            raise ValueError(
+                f"Invalid combination of arguments. Received: validation_every_steps={validation_every_steps!r} "
+                "with no validation data. Expected `validation_data=` or `validation_split=`."
+            )
         plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
         self._build(plan.dataset)
         train_loop = self._loop("train")
         timer = timing.StepTimer()
+        callback_list = keras.callbacks.CallbackList(
+            callbacks,
+            add_history=True,
+            add_progbar=verbose != 0,
+            verbose=verbose,
+            epochs=epochs,
+            steps=plan.steps,
+            model=self.model,
+        )
+        self.model.history.step_history = step_history = {}
+        extra_services = []
+        if validation_every_steps is not None:
+            extra_services.append(
+                PeriodicValidation(
+                    validation_every_steps,
+                    lambda: self._validate_mid_epoch(val_plan, callback_list),
+                    step_history,
+                )
+            )
         run = training_run.start_run(
             self.run_options,
             model=self.model,
@@ -455,15 +496,7 @@ class Trainer(InferenceMixin, ExportMixin):
             worker=distribute.worker_role(self.strategy),
             single_process=distribute.num_workers(self.strategy) == 1,
             total_steps=total_steps,
-        )
-        callback_list = keras.callbacks.CallbackList(
-            callbacks,
-            add_history=True,
-            add_progbar=verbose != 0,
-            verbose=verbose,
-            epochs=epochs,
-            steps=plan.steps,
-            model=self.model,
+            extra_services=tuple(extra_services),
         )
         self.model.stop_training = False
         training_logs = None

@@ -140,6 +140,7 @@ def start_run(
     worker: tuple[bool, str] = (True, "chief"),
     single_process: bool = True,
     total_steps: int | None = None,
+    extra_services: tuple[Service, ...] = (),
 ) -> TrainingRun:
     """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
@@ -157,6 +158,9 @@ def start_run(
             `model_dir`; another worker restores the chief's checkpoints and
             saves its own copies (every worker must take part in a save) to
             `model_dir/workers/<name>`, removed when the run ends.
+        extra_services: More services, run after the NaN guard and the step
+            budget and before the summaries and checkpoints (e.g. a periodic
+            validation, whose logs the summaries write).
         total_steps: End the run after this many training steps in all (a
             resumed run trains up to it); None: the epochs decide.
         single_process: Whether the run has one worker process: only then
@@ -180,6 +184,7 @@ def start_run(
     services: list[Service] = [NonFiniteGuard()] if options.terminate_on_nan else []
     if total_steps is not None:
         services.append(StepBudget(total_steps))
+    services.extend(extra_services)
     checkpointer = None
     progress = checkpoint_lib.Progress()
     if options.model_dir is not None:
