@@ -1,4 +1,4 @@
-"""Tests for `tftrain.loops`: engine options and the step loops of every engine."""
+"""Tests for `tftrain._loops`: engine options and the step loops of every engine."""
 
 import dataclasses
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain import loops
+from tftrain import _loops
 
 # Engines as `EngineOptions` keyword arguments.
 LOOP_ENGINES = {
@@ -42,7 +42,7 @@ class Counter:
 
 @pytest.fixture(params=sorted(LOOP_ENGINES), ids=sorted(LOOP_ENGINES))
 def loop_options(request):
-    return loops.EngineOptions(**LOOP_ENGINES[request.param])
+    return _loops.EngineOptions(**LOOP_ENGINES[request.param])
 
 
 # ------------------------------------------------------------------ EngineOptions
@@ -51,13 +51,13 @@ def loop_options(request):
 @pytest.mark.parametrize("steps", [0, -1, 1.5, True, "3", None])
 def test_steps_per_loop_must_be_a_positive_int(steps):
     with pytest.raises(ValueError, match="steps_per_loop") as info:
-        loops.EngineOptions(steps_per_loop=steps)
+        _loops.EngineOptions(steps_per_loop=steps)
     assert repr(steps) in str(info.value)
 
 
 def test_jit_compile_needs_tf_function():
     with pytest.raises(ValueError, match="jit_compile=True") as info:
-        loops.EngineOptions(use_tf_function=False, jit_compile=True)
+        _loops.EngineOptions(use_tf_function=False, jit_compile=True)
     assert "use_tf_function" in str(info.value)
 
 
@@ -65,11 +65,11 @@ def test_jit_compile_needs_tf_function():
 @pytest.mark.parametrize("value", [1, 0, "yes", None, np.bool_(True)])
 def test_bool_options_must_be_bool(name, value):
     with pytest.raises(TypeError, match=f"`{name}`"):
-        loops.EngineOptions(**{name: value})
+        _loops.EngineOptions(**{name: value})
 
 
 def test_valid_options_are_kept_and_frozen():
-    options = loops.EngineOptions(use_tf_function=True, jit_compile=True, steps_per_loop=7)
+    options = _loops.EngineOptions(use_tf_function=True, jit_compile=True, steps_per_loop=7)
     assert (options.use_tf_function, options.jit_compile, options.steps_per_loop) == (True, True, 7)
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.steps_per_loop = 2
@@ -88,14 +88,14 @@ def test_valid_options_are_kept_and_frozen():
     ],
 )
 def test_engine_names(kwargs, name):
-    assert loops.EngineOptions(**kwargs).name == name
+    assert _loops.EngineOptions(**kwargs).name == name
 
 
 # ---------------------------------------------------------------------- make_loop
 
 
 def test_loop_kind_per_engine(loop_options):
-    loop = loops.make_loop(Counter(), loop_options)
+    loop = _loops.make_loop(Counter(), loop_options)
     assert loop.in_graph == (loop_options.use_tf_function and loop_options.steps_per_loop > 1)
     assert isinstance(loop.step, tf.types.experimental.PolymorphicFunction) == loop_options.use_tf_function
 
@@ -103,7 +103,7 @@ def test_loop_kind_per_engine(loop_options):
 def test_partial_final_loop_and_partial_last_batch(loop_options):
     """7 batches, 3 steps per call: the calls run 3, 3, 1, then 0 steps."""
     counter = Counter()
-    loop = loops.make_loop(counter, loop_options)
+    loop = _loops.make_loop(counter, loop_options)
     iterator = iter(make_dataset())
     assert loop(iterator, 0)[:3] == (0, 0, None)  # zero steps pull nothing
     expected = [(3, 9, 0), (3, 9, 3), (1, 2, 6)]  # (steps, examples, index of the first batch)
@@ -129,7 +129,7 @@ def test_partial_final_loop_and_partial_last_batch(loop_options):
 def test_loop_does_not_pull_a_batch_it_does_not_train_on(loop_options):
     """After a call of 2 steps the next call starts at the third batch."""
     counter = Counter()
-    loop = loops.make_loop(counter, loop_options)
+    loop = _loops.make_loop(counter, loop_options)
     iterator = iter(make_dataset())
     ran, examples, logs, _ = loop(iterator, 2)
     assert (ran, examples, float(logs["first"])) == (2, 6, BATCHES[1][0])
@@ -143,7 +143,7 @@ def test_loop_does_not_pull_a_batch_it_does_not_train_on(loop_options):
 
 
 def test_in_graph_loop_traces_once_for_any_num_steps():
-    loop = loops.make_loop(Counter(), loops.EngineOptions(steps_per_loop=3))
+    loop = _loops.make_loop(Counter(), _loops.EngineOptions(steps_per_loop=3))
     for _ in range(3):  # three passes over the data, calls of 3, 3, 1 and 0 steps
         iterator = iter(make_dataset())
         assert [loop(iterator, 3)[0] for _ in range(4)] == [3, 3, 1, 0]
@@ -156,7 +156,7 @@ def test_in_graph_loop_traces_once_for_any_num_steps():
 
 def test_graph_step_traces_at_most_twice_with_a_partial_batch():
     """One trace for the full batches, one relaxed retrace for the partial one."""
-    loop = loops.make_loop(Counter(), loops.EngineOptions())
+    loop = _loops.make_loop(Counter(), _loops.EngineOptions())
     for _ in range(3):
         loop(iter(make_dataset()), 100)
     assert 1 <= loop.trace_counter.count <= 2
@@ -164,15 +164,15 @@ def test_graph_step_traces_at_most_twice_with_a_partial_batch():
 
 @pytest.mark.parametrize("steps_per_loop", [1, 3])
 def test_eager_engine_never_traces(steps_per_loop):
-    loop = loops.make_loop(
-        Counter(), loops.EngineOptions(use_tf_function=False, steps_per_loop=steps_per_loop)
+    loop = _loops.make_loop(
+        Counter(), _loops.EngineOptions(use_tf_function=False, steps_per_loop=steps_per_loop)
     )
     assert loop(iter(make_dataset()), 100)[0] == len(BATCHES)
     assert loop.trace_counter.count == 0
 
 
 def test_trace_counter_is_named_after_the_step():
-    loop = loops.make_loop(Counter(), loops.EngineOptions(), name="eval_step")
+    loop = _loops.make_loop(Counter(), _loops.EngineOptions(), name="eval_step")
     assert loop.trace_counter.name == "eval_step"
 
 
@@ -188,7 +188,7 @@ def test_structured_batches_count_examples_of_the_first_tensor(loop_options):
         total.assign_add(tf.reduce_sum(labels))
         return {"rows": tf.shape(features["x"])[0]}
 
-    loop = loops.make_loop(step, loop_options)
+    loop = _loops.make_loop(step, loop_options)
     assert loop(iter(dataset), 10)[:2] == (3, 5)
     assert int(total.numpy()) == 10
 
@@ -197,7 +197,7 @@ def test_explicit_strategy_runs_the_step():
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         counter = Counter()
-    loop = loops.make_loop(counter, loops.EngineOptions(steps_per_loop=2), strategy)
+    loop = _loops.make_loop(counter, _loops.EngineOptions(steps_per_loop=2), strategy)
     dataset = strategy.experimental_distribute_dataset(make_dataset())
     ran, _, logs, _ = loop(iter(dataset), 100)
     assert ran == len(BATCHES)

@@ -107,7 +107,9 @@ def test_apply_policy_retraces_keras_functions_and_wrap_model_optimizer_adds_los
     assert hidden and set(hidden) == {"float16"}  # not the stale float32 graph
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     assert model.optimizer.inner_optimizer is sgd
-    assert int(sgd.iterations) == 5  # the inner optimizer kept its state (Keras 3.7: the wrapper counts apart)
+    assert (
+        int(sgd.iterations) == 5
+    )  # the inner optimizer kept its state (Keras 3.7: the wrapper counts apart)
     assert float(model.optimizer.dynamic_scale) == 2.0**15
     assert np.isfinite(history.history["loss"]).all()
 

@@ -506,7 +506,9 @@ def test_a_subclass_state_is_tracked_at_assignment_or_declared():
     state = trainer.checkpoint_state()
     assert state["owner_critic_optimizer"] is trainer.critic_optimizer
     assert state["owner_metrics"] == list(trainer.gap.variables)
-    assert [m.name for m in trainer.metrics][-1] == "gap" and "scratch" not in [m.name for m in trainer.metrics]
+    assert [m.name for m in trainer.metrics][-1] == "gap" and "scratch" not in [
+        m.name for m in trainer.metrics
+    ]
 
     class Declared(TwoOptimizers):
         def checkpoint_state(self):

@@ -13,8 +13,8 @@ import tensorflow as tf
 from helpers import make_mlp, read_run
 
 import tftrain
-from tftrain import loops, training_run
-from tftrain.training_run import NonFiniteLossError
+from tftrain import _loops, _training_run
+from tftrain._training_run import NonFiniteLossError
 
 BATCH_SIZE = 4
 STEPS_PER_EPOCH = 8
@@ -146,9 +146,9 @@ def values_dataset():
 loop_engines = pytest.mark.parametrize(
     "options",
     [
-        loops.EngineOptions(steps_per_loop=3),  # in-graph k-step loop
-        loops.EngineOptions(),  # host loop over a tf.function step
-        loops.EngineOptions(use_tf_function=False),  # host loop, eager
+        _loops.EngineOptions(steps_per_loop=3),  # in-graph k-step loop
+        _loops.EngineOptions(),  # host loop over a tf.function step
+        _loops.EngineOptions(use_tf_function=False),  # host loop, eager
     ],
     ids=lambda options: options.name,
 )
@@ -156,7 +156,7 @@ loop_engines = pytest.mark.parametrize(
 
 @loop_engines
 def test_loop_stops_right_after_a_nonfinite_loss(options):
-    loop = loops.make_loop(loss_of_batch, options, stop_on_nonfinite=True)
+    loop = _loops.make_loop(loss_of_batch, options, stop_on_nonfinite=True)
     iterator = iter(values_dataset())
     results = [loop(iterator, 3) for _ in range(4)]
     assert [result.steps for result in results] == [3, 1, 3, 2]
@@ -167,7 +167,7 @@ def test_loop_stops_right_after_a_nonfinite_loss(options):
 
 @loop_engines
 def test_loop_without_the_guard_runs_every_step(options):
-    loop = loops.make_loop(loss_of_batch, options)
+    loop = _loops.make_loop(loss_of_batch, options)
     iterator = iter(values_dataset())
     results = [loop(iterator, 3) for _ in range(4)]
     assert [result.steps for result in results] == [3, 3, 3, 0]
@@ -178,7 +178,7 @@ def test_loop_without_the_guard_runs_every_step(options):
 @pytest.mark.parametrize("verbose", [0, 1])
 def test_resume_message_is_logged_and_printed_unless_silent(verbose, capsys, caplog):
     with caplog.at_level("INFO", logger="tftrain"):
-        training_run.report_resume("tftrain: resumed from x at step 3", verbose)
+        _training_run.report_resume("tftrain: resumed from x at step 3", verbose)
     assert "resumed from x" in caplog.text
     assert ("resumed from x" in capsys.readouterr().out) == bool(verbose)
 
@@ -220,7 +220,7 @@ def test_resume_into_an_unbuilt_model_is_a_clear_error(tmp_path):
 
 
 def test_options_touch_no_directory_until_a_run_starts(tmp_path):
-    from tftrain.training_run import RunOptions
+    from tftrain._training_run import RunOptions
 
     model_dir = tmp_path / "not" / "yet"
     options = RunOptions(model_dir=str(model_dir), checkpoint_every_steps=2)

@@ -14,23 +14,19 @@ _LAZY_NAMES = {
     "Trainer": ("tftrain.trainer", "Trainer"),
     "CustomModel": ("tftrain.model", "CustomModel"),
     "TimingReport": ("tftrain.timing", "TimingReport"),
-    "NonFiniteLossError": ("tftrain.training_run", "NonFiniteLossError"),
-    "PreemptedError": ("tftrain.training_run", "PreemptedError"),
+    "NonFiniteLossError": ("tftrain._training_run", "NonFiniteLossError"),
+    "PreemptedError": ("tftrain._training_run", "PreemptedError"),
 }
 _SUBMODULES = {
     "callbacks",
     "checkpoint",
     "data",
     "distribute",
-    "inputs",
-    "loops",
     "model",
     "precision",
-    "shapes",
     "summaries",
     "timing",
     "trainer",
-    "training_run",
 }
 
 __all__ = [

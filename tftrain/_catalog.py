@@ -1,7 +1,7 @@
 """The named datasets' shared definitions: names and splits, `DatasetInfo`, `DatasetUnavailableError`.
 
 Kept apart so that `tftrain.data` (the public catalog) and
-`tftrain.tfds_loading` (its tensorflow-datasets half) both import them
+`tftrain._tfds_loading` (its tensorflow-datasets half) both import them
 without importing each other.
 """
 
@@ -66,3 +66,29 @@ class DatasetInfo:
     num_classes: int
     image_shape: tuple[int | None, int | None, int]
     splits: dict[str, int]
+
+
+SHAPES_CLASS_NAMES = (
+    "circle",
+    "square",
+    "triangle",
+    "cross",
+    "ring",
+    "star",
+    "frame",
+    "half_disk",
+)
+"""Class names of the "shapes" dataset; label `i` is `SHAPES_CLASS_NAMES[i]`."""
+
+PUBLISHED_SPLIT_SIZES = {
+    "cifar10": {"train": 50_000, "test": 10_000},
+    "cifar100": {"train": 50_000, "test": 10_000},
+    "stl10": {"train": 5_000, "test": 8_000, "unlabelled": 100_000},
+    "fashion_mnist": {"train": 60_000, "test": 10_000},
+    "mnist": {"train": 60_000, "test": 10_000},
+    "imagenet2012": {"train": 1_281_167, "validation": 50_000},
+}
+"""Examples per split, as tensorflow-datasets publishes them for the versions it
+defines (cifar10 3.0.2, cifar100 3.0.2, stl10 1.0.0, fashion_mnist 3.0.1, mnist
+3.0.1, imagenet2012 5.1.0): used by `tftrain.data.info` for a dataset that is not
+prepared (its metadata holds no split sizes)."""

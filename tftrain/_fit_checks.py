@@ -13,7 +13,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain import inputs
+from tftrain import _inputs
 
 
 def check_validation_split(value: Any) -> float:
@@ -50,7 +50,7 @@ def should_validate(epoch: int, validation_freq: int | list[int]) -> bool:
 
 
 def check_single_pass(
-    plan: inputs.EpochPlan, passes: int, argument: str, steps_argument: str, fix: str
+    plan: _inputs.EpochPlan, passes: int, argument: str, steps_argument: str, fix: str
 ) -> None:
     """A Python generator is read once: more than one whole pass over it cannot be made.
 
@@ -129,8 +129,8 @@ def check_batched_for_model(model: keras.Model, element_spec: Any, argument: str
 
 
 def step_budget_epochs(
-    data: inputs.AdaptedInput, total_steps: int, epochs: int
-) -> tuple[inputs.AdaptedInput, int]:
+    data: _inputs.AdaptedInput, total_steps: int, epochs: int
+) -> tuple[_inputs.AdaptedInput, int]:
     """The epochs that train `total_steps` steps (the last one cut short), and the data's steps per epoch.
 
     Data that never ends with no `steps_per_epoch` makes one epoch of

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain import _keras_compat, hooks, inputs, training_run
+from tftrain import _hooks, _inputs, _keras_compat, _training_run
 
 
 class InferenceMixin:
@@ -49,10 +49,10 @@ class InferenceMixin:
         Returns:
             The metrics at the end of the pass, as Python floats.
         """
-        hooks.check_verbose(verbose)
+        _hooks.check_verbose(verbose)
         self._check_model_step("eval_step", "test_step")
         plan = self._plan(
-            inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
+            _inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
         )
         self._check_data(plan.dataset, "x", "eval_step")
         self._build(plan.dataset)
@@ -64,15 +64,15 @@ class InferenceMixin:
             return logs
         return _keras_compat.flatten_metrics_in_order(self.model, logs)
 
-    def _run_evaluation(self, plan: inputs.EpochPlan, callback_list) -> dict[str, Any]:
+    def _run_evaluation(self, plan: _inputs.EpochPlan, callback_list) -> dict[str, Any]:
         self.model.stop_evaluating = False
         plan.reset()
         callback_list.on_test_begin()
         self.reset_metrics()
-        logs = training_run.run_pass(
+        logs = _training_run.run_pass(
             plan,
             self._loop("eval"),
-            *hooks.batch_hooks(callback_list, "test"),
+            *_hooks.batch_hooks(callback_list, "test"),
             steps_per_loop=self.options.steps_per_loop,
             should_stop=lambda: getattr(self.model, "stop_evaluating", False),
         )
@@ -105,12 +105,12 @@ class InferenceMixin:
         Raises:
             ValueError: the data yielded no batch.
         """
-        hooks.check_verbose(verbose)
-        plan = self._plan(inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
+        _hooks.check_verbose(verbose)
+        plan = self._plan(_inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=self.model
         )
-        begin_hook, end_hook = hooks.batch_hooks(callback_list, "predict")
+        begin_hook, end_hook = _hooks.batch_hooks(callback_list, "predict")
         chunks: list[Any] = []
 
         def on_batch_end(index: int, call_chunks: list[Any]) -> None:
@@ -119,7 +119,7 @@ class InferenceMixin:
 
         self.model.stop_predicting = False
         callback_list.on_predict_begin()
-        training_run.run_pass(
+        _training_run.run_pass(
             plan,
             self._loop("predict"),
             begin_hook,

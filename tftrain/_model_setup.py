@@ -12,7 +12,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain import _fit_checks, _keras_compat, inputs, strategy_checks
+from tftrain import _fit_checks, _inputs, _keras_compat, _strategy_checks
 from tftrain.model import CustomModel
 
 _DEFAULT_MODEL_STEPS = {
@@ -57,7 +57,7 @@ def check_data(
     _fit_checks.check_batched_for_model(model, spec, argument)
     if default_step:
         _fit_checks.check_targets(model, spec, argument)
-    strategy_checks.check_global_batch(spec, strategy, argument)
+    _strategy_checks.check_global_batch(spec, strategy, argument)
 
 
 def build_variables(
@@ -77,11 +77,11 @@ def build_variables(
     Raises:
         ValueError: the model's variables do not belong to `strategy`.
     """
-    spec: Any = inputs.optionals_to_none(dataset.element_spec)
+    spec: Any = _inputs.optionals_to_none(dataset.element_spec)
     dense = all(type(leaf) is tf.TensorSpec for leaf in tf.nest.flatten(spec))
     with strategy.scope():
         if default_train_step and model.compiled and dense:
             _keras_compat.symbolic_build(model, spec)
         elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-    strategy_checks.check_model_in_scope(model, strategy)
+    _strategy_checks.check_model_in_scope(model, strategy)

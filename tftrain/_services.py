@@ -1,6 +1,6 @@
 """The services around the outer training loop: one small protocol, one concern each.
 
-A `TrainingRun` (`tftrain.training_run`) owns the run's progress and calls
+A `TrainingRun` (`tftrain._training_run`) owns the run's progress and calls
 its services in order. Each service says at which global step the loop must
 stop next (so a k-step host call never jumps its boundary), acts after each
 host call and at each epoch end, may keep state that is saved with the
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from tftrain import loops, summaries, timing
+from tftrain import _loops, summaries, timing
 
 if TYPE_CHECKING:
     from tftrain import checkpoint as checkpoint_lib
-    from tftrain.training_run import TrainingRun
+    from tftrain._training_run import TrainingRun
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -68,7 +68,7 @@ class Service:
     def before_call(self, run: TrainingRun) -> None:
         """Runs before a host call, at `run.progress`."""
 
-    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
         """Runs after a host call; `run.progress` already counts its steps."""
 
     def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
@@ -118,7 +118,7 @@ class PeriodicValidation(Service):
     def next_stop(self, step: int) -> int | None:
         return (step // self.every_steps + 1) * self.every_steps
 
-    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
         step = run.progress.global_step
         if step % self.every_steps:
             return
@@ -136,12 +136,12 @@ class NonFiniteGuard(Service):
 
     name = "nan_guard"
 
-    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
         if not result.nonfinite:
             return
         progress = run.progress
         losses = {
-            key: np.asarray(value).tolist() for key, value in result.logs.items() if loops.is_loss_key(key)
+            key: np.asarray(value).tolist() for key, value in result.logs.items() if _loops.is_loss_key(key)
         }
         last_good = run.latest_checkpoint()
         raise NonFiniteLossError(
@@ -169,7 +169,7 @@ class ProfilerService(Service):
     def before_call(self, run: TrainingRun) -> None:
         self.window.before_steps(run.progress.global_step)
 
-    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
         self.window.after_steps(run.progress.global_step)
 
     def close(self) -> None:
@@ -227,7 +227,7 @@ class SummaryService(Service):
         self.optimizer = optimizer
         self._trace_written = trace_written
 
-    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
         self.after_steps(run.progress.global_step - result.steps, run.progress.global_step, result.logs)
 
     def after_steps(self, before: int, step: int, logs: Any) -> None:
@@ -294,7 +294,7 @@ class CheckpointService(Service):
             return None
         return (step // self.every_steps + 1) * self.every_steps
 
-    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
         if not self.every_steps:
             return
         step = run.progress.global_step
@@ -419,7 +419,7 @@ class PreemptionService(Service):
         if self.received is not None:
             self._stop(run)
 
-    def after_call(self, run: TrainingRun, result: loops.LoopResult) -> None:
+    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
         # At an epoch's last step the epoch ends first; its checkpoint is the last one.
         if self.received is not None and run.progress.step_in_epoch != run.epoch_steps:
             self._stop(run)

@@ -17,7 +17,7 @@ import os
 
 import keras
 
-from tftrain import _keras_compat, _services, loops, summaries, training_run
+from tftrain import _keras_compat, _loops, _services, _training_run, summaries
 from tftrain import checkpoint as checkpoint_lib
 from tftrain._validation import check_int
 from tftrain.timing import Timing
@@ -76,7 +76,7 @@ class ServicesCallback(keras.callbacks.Callback):
         before = self.progress.global_step
         self.progress.global_step = self._epoch_start + batch + 1
         self.progress.step_in_epoch = batch + 1
-        result = loops.LoopResult(self.progress.global_step - before, None, logs)
+        result = _loops.LoopResult(self.progress.global_step - before, None, logs)
         for service in self.services:
             service.after_call(self, result)
 
@@ -198,7 +198,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
         self.restored = self.checkpointer.restore_latest()
         if self.restored is not None:
             _keras_compat.set_initial_epoch(self.model, self.restored.epoch)  # read by keras.Model.fit
-            training_run.report_resume(
+            _training_run.report_resume(
                 f"tftrain: resumed from {self.checkpointer.latest} at epoch {self.restored.epoch + 1} "
                 f"(step {self.restored.global_step}).",
                 self.params.get("verbose", 1),

@@ -29,9 +29,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain._validation import check_int
-from tftrain._writer_lock import ModelDirInUseError
-from tftrain.checkpoint_validation import (
+from tftrain._checkpoint_validation import (
     VARIABLE_SUFFIX,
     CheckpointError,
     CorruptCheckpointError,
@@ -41,6 +39,8 @@ from tftrain.checkpoint_validation import (
     ensure_writable_directory,
     read_all_tensors,
 )
+from tftrain._validation import check_int
+from tftrain._writer_lock import ModelDirInUseError
 
 __all__ = [
     "restore_model",

@@ -1,6 +1,6 @@
 """Named datasets: tensorflow-datasets with clear offline errors, and the generated `shapes` and `synthetic`.
 
-What `fit`/`evaluate`/`predict` accept as inputs is `tftrain.inputs`' job.
+What `fit`/`evaluate`/`predict` accept as inputs is `tftrain._inputs`' job.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import tensorflow as tf
 from tftrain._catalog import (
     DEFAULT_IMAGE_SIZE,
     KNOWN_DATASETS,
+    PUBLISHED_SPLIT_SIZES,
+    SHAPES_CLASS_NAMES,
     SPLITS,
     DatasetInfo,
     DatasetUnavailableError,
@@ -20,6 +22,8 @@ __all__ = [
     "DEFAULT_IMAGE_SIZE",
     "GENERATED_DATASETS",
     "KNOWN_DATASETS",
+    "PUBLISHED_SPLIT_SIZES",
+    "SHAPES_CLASS_NAMES",
     "SPLITS",
     "DatasetInfo",
     "DatasetUnavailableError",
@@ -96,15 +100,15 @@ def load(
     check_int("image_size", image_size, optional=True)
     check_int("num_examples", num_examples, optional=True)
     if name in GENERATED_DATASETS:
-        from tftrain import shapes
+        from tftrain import _shapes
 
         size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
         if name == "shapes":
-            return shapes.shapes_dataset(split, image_size=size, num_examples=num_examples)
-        return shapes.synthetic_dataset(split, image_size=size, num_examples=num_examples)
-    from tftrain import tfds_loading  # imports tensorflow_datasets
+            return _shapes.shapes_dataset(split, image_size=size, num_examples=num_examples)
+        return _shapes.synthetic_dataset(split, image_size=size, num_examples=num_examples)
+    from tftrain import _tfds_loading  # imports tensorflow_datasets
 
-    return tfds_loading.load_tfds(
+    return _tfds_loading.load_tfds(
         name,
         split,
         data_dir=data_dir,
@@ -140,11 +144,11 @@ def info(name: str, *, data_dir: str | None = None, image_size: int | None = Non
     _check_name_and_split(name)
     check_int("image_size", image_size, optional=True)
     if name in GENERATED_DATASETS:
-        from tftrain import shapes
+        from tftrain import _shapes
 
         size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
-        num_classes = len(shapes.CLASS_NAMES) if name == "shapes" else 10
-        return DatasetInfo(name, num_classes, (size, size, 3), dict(shapes.DEFAULT_NUM_EXAMPLES))
-    from tftrain import tfds_loading  # imports tensorflow_datasets
+        num_classes = len(_shapes.CLASS_NAMES) if name == "shapes" else 10
+        return DatasetInfo(name, num_classes, (size, size, 3), dict(_shapes.DEFAULT_NUM_EXAMPLES))
+    from tftrain import _tfds_loading  # imports tensorflow_datasets
 
-    return tfds_loading.tfds_info(name, data_dir=data_dir, image_size=image_size)
+    return _tfds_loading.tfds_info(name, data_dir=data_dir, image_size=image_size)

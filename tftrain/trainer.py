@@ -1,7 +1,7 @@
 """`Trainer`: a lean custom training loop driven by Keras callbacks.
 
 The Trainer runs a training step under the engine chosen by its options
-(`tftrain.loops`), drives a `keras.callbacks.CallbackList` exactly where
+(`tftrain._loops`), drives a `keras.callbacks.CallbackList` exactly where
 `model.fit` would, and times itself (`tftrain.timing`). The step is the
 model's own `train_step` (so a `keras.Model` or `tftrain.CustomModel` trains
 as under `model.fit`), or `Trainer.train_step` overridden in a subclass.
@@ -17,16 +17,16 @@ import tensorflow as tf
 
 from tftrain import (
     _fit_checks,
+    _hooks,
+    _inputs,
     _keras_compat,
+    _loops,
     _model_setup,
+    _strategy_checks,
+    _training_run,
     distribute,
-    hooks,
-    inputs,
-    loops,
     precision,
-    strategy_checks,
     timing,
-    training_run,
 )
 from tftrain._export import ExportMixin
 from tftrain._inference import InferenceMixin
@@ -148,7 +148,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 f"{type(model).__name__}. Expected a keras.Model (Sequential, functional, "
                 "a subclass, or a tftrain.CustomModel)."
             )
-        self.options = loops.EngineOptions(
+        self.options = _loops.EngineOptions(
             use_tf_function=use_tf_function,
             jit_compile=jit_compile,
             steps_per_loop=steps_per_loop,
@@ -156,7 +156,7 @@ class Trainer(InferenceMixin, ExportMixin):
         self.strategy = strategy or model.distribute_strategy
         self.model = model
         self.measure_timing = bool(measure_timing)
-        self.run_options = training_run.RunOptions(
+        self.run_options = _training_run.RunOptions(
             model_dir=model_dir,
             checkpoint_every_steps=checkpoint_every_steps,
             max_to_keep=max_to_keep,
@@ -168,18 +168,18 @@ class Trainer(InferenceMixin, ExportMixin):
             best_checkpoint_mode=best_checkpoint_mode,
         )
         self.model_dir = self.run_options.model_dir
-        strategy_checks.check_model_in_scope(model, self.strategy)
+        _strategy_checks.check_model_in_scope(model, self.strategy)
         self.mixed_precision = precision.check_policy(mixed_precision)
         with self.strategy.scope():  # a LossScaleOptimizer creates variables
             precision.apply_policy(model, self.mixed_precision)
             if optimizer is not None or loss is not None or metrics is not None:
-                optimizer = strategy_checks.adopt_optimizer(optimizer, self.strategy)
+                optimizer = _strategy_checks.adopt_optimizer(optimizer, self.strategy)
                 model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
             elif getattr(model, "optimizer", None) is not None:
-                model.optimizer = strategy_checks.adopt_optimizer(model.optimizer, self.strategy)
+                model.optimizer = _strategy_checks.adopt_optimizer(model.optimizer, self.strategy)
             precision.wrap_model_optimizer(model, self.mixed_precision)
         self.timing: timing.TimingReport | None = None
-        self._loops: dict[str, loops.StepLoop] = {}
+        self._loops: dict[str, _loops.StepLoop] = {}
 
     # ----------------------------------------------------------------- steps
 
@@ -279,7 +279,7 @@ class Trainer(InferenceMixin, ExportMixin):
         )
         _model_setup.build_variables(self.model, dataset, self.strategy, default_train_step=default)
 
-    def _loop(self, kind: str) -> loops.StepLoop:
+    def _loop(self, kind: str) -> _loops.StepLoop:
         """The engine of `kind` ("train", "eval" or "predict"), built once."""
         if kind not in self._loops:
             step, name = {
@@ -287,7 +287,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 "eval": (self.eval_step, "eval_step"),
                 "predict": (self.predict_step, "predict_step"),
             }[kind]
-            self._loops[kind] = loops.make_loop(
+            self._loops[kind] = _loops.make_loop(
                 step,
                 self.options,
                 self.strategy,
@@ -303,7 +303,7 @@ class Trainer(InferenceMixin, ExportMixin):
             return iter
         return lambda ds: iter(self.strategy.experimental_distribute_dataset(ds))
 
-    def _validate_mid_epoch(self, plan: inputs.EpochPlan, callback_list: Any) -> dict[str, Any]:
+    def _validate_mid_epoch(self, plan: _inputs.EpochPlan, callback_list: Any) -> dict[str, Any]:
         """Validates without losing the epoch's training metrics (an evaluation resets every metric)."""
         saved = [(variable, variable.numpy()) for metric in self.metrics for variable in metric.variables]
         logs = self._run_evaluation(plan, callback_list)
@@ -321,8 +321,8 @@ class Trainer(InferenceMixin, ExportMixin):
             return dict(logs or {})
         return dict(_keras_compat.metrics_result_or_logs(self.model, logs or {}))
 
-    def _plan(self, data: inputs.AdaptedInput) -> inputs.EpochPlan:
-        return inputs.EpochPlan(data, make_iterator=self._make_iterator())
+    def _plan(self, data: _inputs.AdaptedInput) -> _inputs.EpochPlan:
+        return _inputs.EpochPlan(data, make_iterator=self._make_iterator())
 
     # ------------------------------------------------------------------- fit
 
@@ -403,17 +403,17 @@ class Trainer(InferenceMixin, ExportMixin):
         """
         check_int("epochs", epochs, 0)
         check_int("initial_epoch", initial_epoch, 0)
-        hooks.check_verbose(verbose)
+        _hooks.check_verbose(verbose)
         validation_split = _fit_checks.check_validation_split(validation_split)
         validation_freq = _fit_checks.check_validation_freq(validation_freq)
-        epochs = inputs.keras_epoch_limit(epochs)
+        epochs = _inputs.keras_epoch_limit(epochs)
         self._check_model_step("train_step", "train_step")
         _fit_checks.check_resume_sources(callbacks, self.model_dir)
         if validation_split and validation_data is None:
-            (x, y, sample_weight), validation_data = inputs.split_validation(
+            (x, y, sample_weight), validation_data = _inputs.split_validation(
                 x, y, sample_weight, validation_split
             )
-        train = inputs.adapt(
+        train = _inputs.adapt(
             x,
             y,
             sample_weight,
@@ -438,12 +438,12 @@ class Trainer(InferenceMixin, ExportMixin):
             self._check_model_step("eval_step", "test_step")
             val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
             val_plan = self._plan(
-                inputs.adapt(
+                _inputs.adapt(
                     val_x,
                     val_y,
                     val_sample_weight,
                     batch_size=validation_batch_size
-                    or (batch_size if inputs.input_kind(val_x) == "arrays" else None),
+                    or (batch_size if _inputs.input_kind(val_x) == "arrays" else None),
                     steps=validation_steps,
                     argument="validation_data",
                     steps_argument="validation_steps",
@@ -484,7 +484,7 @@ class Trainer(InferenceMixin, ExportMixin):
                     step_history,
                 )
             )
-        run = training_run.start_run(
+        run = _training_run.start_run(
             self.run_options,
             model=self.model,
             extra_state=self.checkpoint_state,
@@ -492,7 +492,7 @@ class Trainer(InferenceMixin, ExportMixin):
             epochs=epochs,
             timer=timer if self.measure_timing else None,
             trace_counter=train_loop.trace_counter,
-            verbose=hooks.check_verbose(verbose),
+            verbose=_hooks.check_verbose(verbose),
             worker=distribute.worker_role(self.strategy),
             single_process=distribute.num_workers(self.strategy) == 1,
             total_steps=total_steps,
@@ -508,10 +508,10 @@ class Trainer(InferenceMixin, ExportMixin):
                 if run.progress.step_in_epoch == 0:  # else: resumed mid-epoch, metrics restored
                     self.reset_metrics()
                 callback_list.on_epoch_begin(epoch)
-                logs = training_run.run_pass(
+                logs = _training_run.run_pass(
                     plan,
                     train_loop,
-                    *hooks.batch_hooks(callback_list, "train"),
+                    *_hooks.batch_hooks(callback_list, "train"),
                     steps_per_loop=self.options.steps_per_loop,
                     timer=timer if self.measure_timing else None,
                     run=run,

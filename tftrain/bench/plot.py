@@ -89,7 +89,9 @@ def plot_results(results: dict[str, Any], path: str | IO[bytes], image_format: s
             text = f" {bar[1]:,.0f}" if bar[1] >= 100 else f" {bar[1]:.3g}"
             axes.annotate(text, (bar[3], position), va="center", fontsize=8, annotation_clip=False)
         description = results["workloads"][name]["description"]
-        axes.set_title(textwrap.shorten(f"{name}: {description}", 95, placeholder=" ..."), fontsize=9, loc="left")
+        axes.set_title(
+            textwrap.shorten(f"{name}: {description}", 95, placeholder=" ..."), fontsize=9, loc="left"
+        )
         axes.set_xlabel("ms per training step (median, min-max over repeats; * = eager)")
         axes.margins(x=0.15)
     environment = results.get("environment", {})

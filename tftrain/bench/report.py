@@ -366,7 +366,9 @@ def format_table(workload_result: dict[str, Any], repeats: int, epochs: int) -> 
         )
         notes += _checkpoint_notes(name, variant)
     if any_eager:
-        lines.append("* eager: may run fewer steps per epoch (steps/ep, --eager_steps); compare per step (ms/step).")
+        lines.append(
+            "* eager: may run fewer steps per epoch (steps/ep, --eager_steps); compare per step (ms/step)."
+        )
     lines += notes
     floor = result.get("floor")
     if floor:

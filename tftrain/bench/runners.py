@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain import hooks
+from tftrain import _hooks
 from tftrain.bench import optional
 from tftrain.bench.workloads import WorkloadData
 from tftrain.timing import StepTimer, Timing
@@ -415,7 +415,9 @@ def run_torch_eager(data: WorkloadData, options: RunOptions) -> RunResult:
     if not isinstance(compile_args["optimizer"], keras.optimizers.SGD) or not isinstance(
         compile_args["loss"], keras.losses.MeanSquaredError
     ):
-        raise ValueError(f"torch_eager mirrors plain SGD on the squared error; {data.workload.name} is not that.")
+        raise ValueError(
+            f"torch_eager mirrors plain SGD on the squared error; {data.workload.name} is not that."
+        )
     linears = []
     for layer in dense:
         kernel, bias = (variable.numpy() for variable in layer.weights)
@@ -537,7 +539,7 @@ def timing_hook_seconds(calls: int = 20_000, repeats: int = 5) -> float:
         start = time.perf_counter()
         for _ in range(calls):
             timer.begin_call()
-            hooks.block_until_ready(logs)
+            _hooks.block_until_ready(logs)
             timer.end_call(1, 128, traced=False)
         best = min(best, (time.perf_counter() - start) / calls)
     return best
@@ -563,7 +565,9 @@ VARIANTS: dict[str, Variant] = {
         Variant("handwritten_xla", "hand-written loop, @tf.function(jit_compile=True)", run_handwritten_xla),
         Variant("xla", "Trainer(jit_compile=True)", run_xla),
         Variant(
-            "handwritten_loop", "hand-written loop, k steps per tf.function call (tf.range)", run_handwritten_loop
+            "handwritten_loop",
+            "hand-written loop, k steps per tf.function call (tf.range)",
+            run_handwritten_loop,
         ),
         Variant("graph_loop", "Trainer(steps_per_loop=k)", run_graph_loop),
         Variant("xla_loop", "Trainer(jit_compile=True, steps_per_loop=k)", run_xla_loop),
@@ -583,7 +587,9 @@ VARIANTS: dict[str, Variant] = {
             unavailable_reason=optional.torch_unavailable_reason,
         ),
         Variant(
-            "step_only", "the step alone: k steps per call on one fixed batch, no input pipeline", run_step_only
+            "step_only",
+            "the step alone: k steps per call on one fixed batch, no input pipeline",
+            run_step_only,
         ),
         Variant("data_only", "iterate the input pipeline only, no model", run_data_only),
     ]

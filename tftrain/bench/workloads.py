@@ -210,10 +210,14 @@ def regression_arrays(
         `(x, y)`: float32 inputs and float32 targets of shape `(num_examples, 1)`.
     """
     features = int(np.prod(input_shape))
-    weights = np.random.default_rng(12345).standard_normal((features, 1)).astype(np.float32) / np.sqrt(features)
+    weights = np.random.default_rng(12345).standard_normal((features, 1)).astype(np.float32) / np.sqrt(
+        features
+    )
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((num_examples, *input_shape), dtype=np.float32)
-    y = x.reshape(num_examples, features) @ weights + 0.1 * rng.standard_normal((num_examples, 1), dtype=np.float32)
+    y = x.reshape(num_examples, features) @ weights + 0.1 * rng.standard_normal(
+        (num_examples, 1), dtype=np.float32
+    )
     return x, y.astype(np.float32)
 
 

@@ -313,7 +313,9 @@ def _linear_eval(config: Config, model, num_classes: int, num_train: int, datase
         num_examples=config.num_eval_examples,
         batch_size=config.eval_batch_size,
     )
-    trained = probe.linear_probe_accuracy(*probe.encoder_features(model.encoder, train_eval, test_eval), num_classes)
+    trained = probe.linear_probe_accuracy(
+        *probe.encoder_features(model.encoder, train_eval, test_eval), num_classes
+    )
     keras.utils.set_random_seed(config.seed)
     random_encoder = build_model(config, num_classes).encoder
     baseline = probe.linear_probe_accuracy(

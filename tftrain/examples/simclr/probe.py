@@ -13,9 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 
-def encoder_features(
-    encoder: keras.Model, *datasets: tf.data.Dataset
-) -> list[tuple[np.ndarray, np.ndarray]]:
+def encoder_features(encoder: keras.Model, *datasets: tf.data.Dataset) -> list[tuple[np.ndarray, np.ndarray]]:
     """Runs a frozen encoder (inference mode) over batched `(images, labels)` datasets.
 
     Returns:

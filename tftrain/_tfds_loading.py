@@ -17,25 +17,12 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tftrain._catalog import SPLITS, DatasetInfo, DatasetUnavailableError
+from tftrain._catalog import PUBLISHED_SPLIT_SIZES, SPLITS, DatasetInfo, DatasetUnavailableError
 
 CONNECT_TIMEOUT_S = 5.0
 """Seconds to wait for a download server to accept a connection."""
 
 _SPLIT_ALIASES = {"imagenet2012": {"test": "validation"}}
-
-# Examples per split, as tensorflow-datasets publishes them for the versions
-# it defines (cifar10 3.0.2, cifar100 3.0.2, stl10 1.0.0, fashion_mnist 3.0.1,
-# mnist 3.0.1, imagenet2012 5.1.0). The metadata of a dataset that is not
-# prepared holds no split sizes; `tfds_info` uses these then.
-PUBLISHED_SPLIT_SIZES = {
-    "cifar10": {"train": 50_000, "test": 10_000},
-    "cifar100": {"train": 50_000, "test": 10_000},
-    "stl10": {"train": 5_000, "test": 8_000, "unlabelled": 100_000},
-    "fashion_mnist": {"train": 60_000, "test": 10_000},
-    "mnist": {"train": 60_000, "test": 10_000},
-    "imagenet2012": {"train": 1_281_167, "validation": 50_000},
-}
 
 
 def _tfds():

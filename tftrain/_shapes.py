@@ -17,19 +17,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tftrain._catalog import SHAPES_CLASS_NAMES as CLASS_NAMES
 from tftrain._validation import check_int
-
-CLASS_NAMES = (
-    "circle",
-    "square",
-    "triangle",
-    "cross",
-    "ring",
-    "star",
-    "frame",
-    "half_disk",
-)
-"""Class names of the "shapes" dataset; label `i` is `CLASS_NAMES[i]`."""
 
 SPLITS = ("train", "test")
 """Splits of the generated datasets."""

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tftrain import _keras_compat, inputs, timing
+from tftrain import _inputs, _keras_compat, timing
 from tftrain._validation import check_int
 
 StepFn = Callable[[Any], Any]
@@ -91,7 +91,7 @@ def _examples_in(batch: Any, strategy: tf.distribute.Strategy) -> tf.Tensor:
     """In-graph count of the examples in a batch (its first tensor's rows, all local replicas)."""
     first = tf.nest.flatten(batch)[0]
     parts = strategy.experimental_local_results(first)
-    return tf.add_n([inputs.examples_in_batch(part) for part in parts])
+    return tf.add_n([_inputs.examples_in_batch(part) for part in parts])
 
 
 def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None:
@@ -377,7 +377,7 @@ def _keras_batch(step_fn: StepFn) -> StepFn:
 
     @functools.wraps(step_fn)
     def step(batch):
-        return step_fn(inputs.optionals_to_none(batch))
+        return step_fn(_inputs.optionals_to_none(batch))
 
     return step
 

@@ -18,8 +18,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from tftrain import _hooks, _inputs, _loops, summaries, timing
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import hooks, inputs, loops, summaries, timing
 from tftrain._services import (
     BestCheckpointService,
     CheckpointService,
@@ -132,7 +132,7 @@ def start_run(
     *,
     model: Any,
     extra_state: Callable[[], dict[str, Any]],
-    plan: inputs.EpochPlan,
+    plan: _inputs.EpochPlan,
     epochs: int,
     timer: timing.StepTimer | None,
     trace_counter: timing.TraceCounter,
@@ -228,7 +228,7 @@ def _model_dir_services(
     options: RunOptions,
     model: Any,
     extra_state: Callable[[], dict[str, Any]],
-    plan: inputs.EpochPlan,
+    plan: _inputs.EpochPlan,
     window: tuple[int, int] | None,
     timer: timing.StepTimer | None,
     timing_service: TimingService,
@@ -321,7 +321,7 @@ class TrainingRun:
 
     def __init__(
         self,
-        plan: inputs.EpochPlan,
+        plan: _inputs.EpochPlan,
         progress: checkpoint_lib.Progress,
         services: list[Service],
         *,
@@ -370,7 +370,7 @@ class TrainingRun:
         for service in self.services:
             service.before_call(self)
 
-    def after_call(self, result: loops.LoopResult, epoch_steps: int | None) -> None:
+    def after_call(self, result: _loops.LoopResult, epoch_steps: int | None) -> None:
         """Files a host call: counts its steps, then runs the services (NaN guard first).
 
         Args:
@@ -400,8 +400,8 @@ class TrainingRun:
 
 
 def run_pass(
-    plan: inputs.EpochPlan,
-    step_loop: loops.StepLoop,
+    plan: _inputs.EpochPlan,
+    step_loop: _loops.StepLoop,
     on_batch_begin: Callable[..., Any],
     on_batch_end: Callable[..., Any],
     *,
@@ -453,7 +453,7 @@ def run_pass(
             traces_before = step_loop.trace_counter.count
             result = step_loop(iterator, wanted, first)
             if timer is not None:
-                hooks.block_until_ready(result.logs)
+                _hooks.block_until_ready(result.logs)
                 timer.end_call(
                     result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before
                 )
