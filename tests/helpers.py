@@ -49,10 +49,11 @@ TIMING_REPORT_KEYS = {
 
 
 def read_run(run_dir) -> dict:
-    """Every scalar of a TensorBoard run's event files: {tag: [(step, value), ...]} in write order.
+    """Every summary of a TensorBoard run's event files: {tag: [(step, value), ...]} in write order.
 
     `tf.summary.scalar` in TF2 writes tensor events; older writers wrote scalar
-    events. Both are read.
+    events. Both are read; scalars as floats, other tensors (histograms,
+    images) as NumPy arrays.
     """
     import tensorflow as tf
     from tensorboard.backend.event_processing import event_accumulator
@@ -66,7 +67,6 @@ def read_run(run_dir) -> dict:
     for tag in tags[event_accumulator.SCALARS]:
         values[tag] = [(event.step, float(event.value)) for event in accumulator.Scalars(tag)]
     for tag in tags[event_accumulator.TENSORS]:
-        values[tag] = [
-            (event.step, float(tf.make_ndarray(event.tensor_proto))) for event in accumulator.Tensors(tag)
-        ]
+        arrays = [(event.step, tf.make_ndarray(event.tensor_proto)) for event in accumulator.Tensors(tag)]
+        values[tag] = [(step, float(array) if array.ndim == 0 else array) for step, array in arrays]
     return values

@@ -572,3 +572,43 @@ def test_restore_model_refuses_what_does_not_fit(tmp_path):
         checkpoint_lib.restore_model(wider, str(tmp_path / "checkpoints"), include_optimizer=False)
     for got, expected in zip(wider.get_weights(), before, strict=True):
         np.testing.assert_array_equal(got, expected)  # nothing partly restored
+
+
+# ------------------------------------------------ resume from a chosen checkpoint
+
+
+def test_resume_from_a_chosen_checkpoint_continues_that_run_exactly(tmp_path, uninterrupted):
+    reference = uninterrupted(shuffled_dataset, 3)
+    fit(tmp_path / "first", shuffled_dataset, 2, checkpoint_every_steps=3)  # saves at 3, 5, 6, 9, 10
+    chosen = str(tmp_path / "first" / "checkpoints" / "ckpt-6")  # one step into epoch 2
+    resumed, probe = fit(tmp_path / "second", shuffled_dataset, 3, resume_from=chosen)
+    assert probe.start_step == 6
+    assert_same_run(resumed, reference, epochs_run=2)
+    second = str(tmp_path / "second" / "checkpoints")
+    assert tf.train.latest_checkpoint(second).endswith("ckpt-15")
+    # The new run's own checkpoints win from now on: the same command again has nothing left to do.
+    rerun, probe = fit(tmp_path / "second", shuffled_dataset, 3, resume_from=chosen)
+    assert probe.start_step == 15
+    assert_same_state(snapshot(rerun), reference[0])
+
+
+def test_resume_from_refuses_what_it_cannot_use_before_any_step(tmp_path):
+    with pytest.raises(ValueError, match="resume_from='x' with model_dir=None"):
+        tftrain.Trainer(make_model(), resume_from="x")
+    with pytest.raises(ValueError, match="Invalid value for argument `resume_from`"):
+        tftrain.Trainer(make_model(), model_dir=str(tmp_path / "bad"), resume_from=3)
+    with pytest.raises(checkpoint_lib.CheckpointError, match="No readable checkpoint at .*ckpt-404"):
+        fit(tmp_path / "new", shuffled_dataset, 1, resume_from=str(tmp_path / "missing" / "ckpt-404"))
+    with pytest.raises(checkpoint_lib.CheckpointError, match="No checkpoint in"):
+        fit(tmp_path / "new", shuffled_dataset, 1, resume_from=str(tmp_path))
+    assert tf.train.latest_checkpoint(str(tmp_path / "new" / "checkpoints")) is None
+    # Another model's checkpoint: the mismatch is named and nothing is restored.
+    other = make_model(seed=3, hidden=5)
+    tftrain.Trainer(other, model_dir=str(tmp_path / "other")).fit(shuffled_dataset(), verbose=0)
+    model = make_model(seed=7)
+    before = [np.array(weight) for weight in model.get_weights()]
+    trainer = tftrain.Trainer(model, model_dir=str(tmp_path / "new"), resume_from=str(tmp_path / "other"))
+    with pytest.raises(checkpoint_lib.IncompatibleCheckpointError, match="hidden"):
+        trainer.fit(shuffled_dataset(), verbose=0)
+    for got, expected in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(got, expected)  # nothing partly restored

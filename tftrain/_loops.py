@@ -382,6 +382,17 @@ def _keras_batch(step_fn: StepFn) -> StepFn:
     return step
 
 
+def _counted(step_fn: StepFn, step_counter: tf.Variable) -> StepFn:
+    """The step, preceded by one increment of the step counter (once per step, not per replica)."""
+
+    @functools.wraps(step_fn)
+    def step(batch):
+        step_counter.assign_add(1)
+        return step_fn(batch)
+
+    return step
+
+
 def make_loop(
     step_fn: StepFn,
     options: EngineOptions,
@@ -389,6 +400,7 @@ def make_loop(
     name: str = "train_step",
     stop_on_nonfinite: bool = False,
     collect: bool = False,
+    step_counter: tf.Variable | None = None,
 ) -> StepLoop:
     """Builds the engine for one step function.
 
@@ -404,6 +416,9 @@ def make_loop(
         collect: Keep every step's outputs, not only the last (`predict`):
             replica outputs are concatenated in example order rather than
             averaged, and a k-step call joins its steps' outputs in the graph.
+        step_counter: An integer variable (the run's global step) incremented
+            in the graph before each step, so `tf.summary` calls inside the
+            step see the number of the step they belong to (1-based).
 
     Returns:
         A `StepLoop`.
@@ -420,7 +435,7 @@ def make_loop(
     # conversion, replica-context push/pop), which is felt in eager mode.
     single_device = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
     if single_device:
-        step = counter.wrap(step_fn)
+        step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
         if options.use_tf_function:
             step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
         return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)
@@ -446,7 +461,8 @@ def make_loop(
             return _keras_compat.concat_replica_outputs(outputs, strategy)
         return _reduce_outputs(outputs, strategy)
 
-    step = counter.wrap(replicated_step)
+    # Counted in the cross-replica context, outside `strategy.run`: once per step, not per replica.
+    step = counter.wrap(replicated_step if step_counter is None else _counted(replicated_step, step_counter))
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True)
     return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)

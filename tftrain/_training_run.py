@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
+
+import tensorflow as tf
 
 from tftrain import _hooks, _inputs, _loops, summaries, timing
 from tftrain import checkpoint as checkpoint_lib
@@ -33,6 +36,7 @@ from tftrain._services import (
     SummaryService,
     TimingService,
 )
+from tftrain._step_summaries import InStepSummaries, InStepSummaryService
 from tftrain._validation import check_int
 from tftrain._writer_lock import WriterLock
 
@@ -59,6 +63,7 @@ class RunOptions:
     preemption_signals: tuple[int, ...] = (signal.SIGTERM,)
     best_checkpoint_monitor: str | None = None
     best_checkpoint_mode: str = "auto"
+    resume_from: str | None = None
 
     def __post_init__(self):
         summaries.check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
@@ -88,6 +93,7 @@ class RunOptions:
                 "summary_every_steps",
                 "profile_steps",
                 "best_checkpoint_monitor",
+                "resume_from",
             ):
                 if getattr(self, name) is not None:
                     raise ValueError(
@@ -98,6 +104,14 @@ class RunOptions:
         else:
             directory = checkpoint_lib.check_directory_path(self.model_dir, "model_dir")
             object.__setattr__(self, "model_dir", directory)
+        if self.resume_from is not None:
+            if not isinstance(self.resume_from, (str, os.PathLike)) or not str(self.resume_from):
+                raise ValueError(
+                    f"Invalid value for argument `resume_from`. Received: resume_from={self.resume_from!r}. "
+                    "Expected a checkpoint path (e.g. 'run1/checkpoints/ckpt-3000') or a directory of "
+                    "checkpoints."
+                )
+            object.__setattr__(self, "resume_from", os.fspath(self.resume_from))
 
 
 def _check_signals(value: Any) -> tuple[int, ...]:
@@ -141,6 +155,8 @@ def start_run(
     single_process: bool = True,
     total_steps: int | None = None,
     extra_services: tuple[Service, ...] = (),
+    global_step: tf.Variable | None = None,
+    in_step_summaries: InStepSummaries | None = None,
 ) -> TrainingRun:
     """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
@@ -166,6 +182,12 @@ def start_run(
         single_process: Whether the run has one worker process: only then
             does a preemption signal checkpoint and stop the run (every
             worker takes part in a save, and a signal reaches one process).
+        global_step: The run's global step variable (the training loop
+            increments it before each step): set to 0, or restored from the
+            checkpoint, and saved with every checkpoint. None: counted on
+            the host only.
+        in_step_summaries: The writer and cadence for `tf.summary` calls
+            inside the training step (the chief of a run with `model_dir`).
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -176,6 +198,8 @@ def start_run(
             built to restore it.
         tftrain.checkpoint.CheckpointError: the checkpoint cannot be used.
     """
+    if global_step is not None:
+        global_step.assign(0)  # a run without a checkpoint starts at 0, as its Progress does
     planned_steps = epochs * plan.steps if plan.steps is not None else None
     if total_steps is not None:
         planned_steps = total_steps
@@ -206,6 +230,7 @@ def start_run(
                 worker,
                 verbose,
                 single_process,
+                global_step,
             )
         except BaseException:
             if lock is not None:
@@ -213,6 +238,8 @@ def start_run(
             raise
         if lock is not None:
             services.append(lock)
+    if in_step_summaries is not None:
+        services.append(InStepSummaryService(in_step_summaries))
     services.append(timing_service)
     return TrainingRun(
         plan,
@@ -237,6 +264,7 @@ def _model_dir_services(
     worker: tuple[bool, str],
     verbose: int,
     single_process: bool,
+    global_step: tf.Variable | None,
 ) -> tuple[checkpoint_lib.Checkpointer, checkpoint_lib.Progress]:
     """Restores the latest checkpoint and appends the services that write to `model_dir`."""
     chief, worker_name = worker
@@ -248,21 +276,25 @@ def _model_dir_services(
         lambda: checkpoint_lib.training_state(model, extra_state()),
         max_to_keep=options.max_to_keep if chief else 1,
         restore_directory=None if chief else checkpoints,
+        global_step=global_step,
     )
-    if checkpointer.latest is not None and not model.built:
+    if (checkpointer.latest or options.resume_from) is not None and not model.built:
         raise ValueError(
-            f"Cannot resume from {checkpointer.latest}: the model is not built yet, so its variables "
+            f"Cannot resume from {checkpointer.latest or options.resume_from}: the model is not built yet, so its variables "
             "do not exist to be restored. Expected a built model: call it once on a batch, or "
             "`model.build(input_shape)`, before `fit`."
         )
     restored = checkpointer.restore_latest(plan.next_iterator())
+    source = checkpointer.latest
+    if restored is None and options.resume_from is not None:  # model_dir's own checkpoints win
+        source, restored = checkpointer.restore_from(options.resume_from, plan.next_iterator())
     if restored is not None:
         progress = restored
         plan.resume(progress.batches_in_pass, progress.step_in_epoch, checkpointer.iterator_restored)
         if "timing" in checkpointer.service_states:
             timing_service.load_state_dict(checkpointer.service_states["timing"])
         report_resume(
-            f"tftrain: resumed from {checkpointer.latest} at step {progress.global_step} "
+            f"tftrain: resumed from {source} at step {progress.global_step} "
             f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch).",
             verbose,
         )
@@ -292,6 +324,7 @@ def _model_dir_services(
                 f"{model_dir}/best",
                 lambda: checkpoint_lib.training_state(model, extra_state()),
                 max_to_keep=1,
+                global_step=global_step,
             ),
             options.best_checkpoint_monitor,
             options.best_checkpoint_mode,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -53,6 +54,7 @@ __all__ = [
     "NonFiniteStateError",
     "Progress",
     "check_directory_path",
+    "open_checkpoint",
     "ensure_writable_directory",
     "seed_generator_states",
     "training_state",
@@ -136,6 +138,10 @@ class Checkpointer:
             `directory`; read-only (nothing there is cleaned or renamed).
             A non-chief worker of a multi-worker run restores the chief's
             checkpoints and saves its own copies to a scratch directory.
+        global_step: The run's global step variable (the one the training
+            step increments), saved and restored in place as the progress's
+            `global_step`. None: a variable of the checkpointer's own, set
+            from `Progress.global_step` at each save.
 
     Raises:
         ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
@@ -148,6 +154,7 @@ class Checkpointer:
         *,
         max_to_keep: int = 5,
         restore_directory: str | None = None,
+        global_step: tf.Variable | None = None,
     ):
         check_int("max_to_keep", max_to_keep)
         self.directory = ensure_writable_directory(directory, "model_dir")
@@ -157,11 +164,15 @@ class Checkpointer:
             self._progress = {
                 field.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=field.name)
                 for field in dataclasses.fields(Progress)
+                if field.name != "global_step" or global_step is None
             }
             self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
             # The services' states, as JSON. Saved under the key "timing": its name from
             # before other services kept state (older checkpoints hold the timer's alone).
             self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="timing_state")
+        if global_step is not None:
+            self._progress["global_step"] = global_step
+        self._shared_step = global_step
         self._state_fn = state if callable(state) else (lambda: dict(state))
         self._data = tf.Module(name="data")
         self._iterator_unsaveable_reason: str | None = None
@@ -306,6 +317,26 @@ class Checkpointer:
             )
         return None
 
+    def restore_from(self, path: str, iterator: Any = None) -> tuple[str, Progress]:
+        """Restores a chosen checkpoint (e.g. another run's) instead of the latest of this directory.
+
+        Validated as `restore_latest` is (nothing partly restored); a damaged
+        checkpoint is an error, with no fallback to another one.
+
+        Args:
+            path: A checkpoint path prefix, or a directory (its latest checkpoint).
+            iterator: The training iterator, restored where the checkpoint saved one.
+
+        Returns:
+            The checkpoint path restored, and its progress.
+
+        Raises:
+            CheckpointError: no checkpoint at `path`, or it cannot be read.
+            IncompatibleCheckpointError: it does not fit the model.
+        """
+        path, reader = open_checkpoint(path)
+        return path, self._restore_from(path, reader, iterator)
+
     def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
         # Separate roots for reading: TF keeps a pending ("deferred") restore for any
         # saved object missing from the root it reads into, and would apply it to
@@ -415,6 +446,13 @@ class Checkpointer:
         """
         self.check_finite()
         for name, variable in self._progress.items():
+            if variable is self._shared_step:
+                if int(variable.numpy()) != progress.global_step:
+                    raise RuntimeError(
+                        f"tftrain internal error: the global step variable holds {int(variable.numpy())} "
+                        f"but the run counted {progress.global_step} steps; nothing was saved."
+                    )
+                continue
             variable.assign(getattr(progress, name))
         self._service_states.assign(json.dumps(service_states) if service_states else "")
         for name, value in self._state_fn().items():
@@ -466,24 +504,12 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
         IncompatibleCheckpointError: it does not fit the model (nothing restored).
         ValueError: the model is not built.
     """
-    path = str(path)
-    if tf.io.gfile.isdir(path):
-        latest = tf.train.latest_checkpoint(path)
-        if latest is None:
-            raise CheckpointError(f"No checkpoint in {path}. Expected a directory a tftrain run saved to.")
-        path = latest
     if not model.built:
         raise ValueError(
             f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
             "built model: call it once on a batch, or `model.build(input_shape)`."
         )
-    try:
-        reader = tf.train.load_checkpoint(path)
-        read_all_tensors(reader)
-    except (tf.errors.NotFoundError, ValueError) as error:
-        raise CheckpointError(f"No readable checkpoint at {path}: {error}") from error
-    except tf.errors.OpError as error:
-        raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+    path, reader = open_checkpoint(path)
     state: dict[str, Any] = {"model": model}
     optimizer = getattr(model, "optimizer", None)
     if include_optimizer and optimizer is not None:
@@ -494,3 +520,47 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
     check_compatible(path, reader, root, only=tuple(state))
     root.read(path).expect_partial()
     return path
+
+
+def open_checkpoint(path: str) -> tuple[str, tf.train.CheckpointReader]:
+    """Finds and reads a checkpoint: a path prefix, or a directory (its latest checkpoint).
+
+    A `model_dir` may be given for its `checkpoints` directory.
+
+    Every tensor is read once, so a damaged file fails here, before anything
+    is assigned.
+
+    Args:
+        path: A checkpoint path prefix (`.../ckpt-3000`), a directory of
+            checkpoints, or a `model_dir`.
+
+    Returns:
+        The checkpoint's path prefix and its reader.
+
+    Raises:
+        CheckpointError: no checkpoint is there.
+        CorruptCheckpointError: the checkpoint cannot be read.
+    """
+    path = str(path)
+    if tf.io.gfile.isdir(path):
+        # A model_dir stands for its checkpoints/ directory.
+        latest = tf.train.latest_checkpoint(path) or tf.train.latest_checkpoint(
+            os.path.join(path, "checkpoints")
+        )
+        if latest is None:
+            raise CheckpointError(
+                f"No checkpoint in {path}. Expected a directory a tftrain run saved to (e.g. "
+                "model_dir/checkpoints), or a checkpoint path such as model_dir/checkpoints/ckpt-3000."
+            )
+        path = latest
+    try:
+        reader = tf.train.load_checkpoint(path)
+        read_all_tensors(reader)
+    except (tf.errors.NotFoundError, ValueError) as error:
+        raise CheckpointError(
+            f"No readable checkpoint at {path}: {error}. Expected a checkpoint path prefix such as "
+            "model_dir/checkpoints/ckpt-3000 (without .index), or a directory holding checkpoints."
+        ) from error
+    except tf.errors.OpError as error:
+        raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+    return path, reader

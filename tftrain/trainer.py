@@ -31,9 +31,11 @@ from tftrain import (
 from tftrain._export import ExportMixin
 from tftrain._inference import InferenceMixin
 from tftrain._services import PeriodicValidation
+from tftrain._step_summaries import InStepSummaries
 from tftrain._validation import check_int
 
 _TRACKED_TYPES = (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable, keras.metrics.Metric)
+_UNTRACKED_NAMES = frozenset({"model", "_global_step"})  # saved by the checkpoint itself
 
 
 class Trainer(InferenceMixin, ExportMixin):
@@ -108,6 +110,12 @@ class Trainer(InferenceMixin, ExportMixin):
             `tftrain.checkpoint.restore_model`).
         best_checkpoint_mode: `"min"`, `"max"` or `"auto"` (max for
             accuracy-like names).
+        resume_from: With `model_dir`: a checkpoint (path prefix such as
+            `"run1/checkpoints/ckpt-3000"`, or a directory: its latest) to
+            continue from when `model_dir` holds no checkpoint yet: weights,
+            optimizer, global step, epoch and data position, validated as a
+            resume is. Once `model_dir` has checkpoints of its own, they win,
+            so rerunning the command resumes the new run.
         mixed_precision: `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`:
             switch the model's layers to this Keras dtype policy (variables
             stay float32) and, for float16, wrap the optimizer in a
@@ -141,6 +149,7 @@ class Trainer(InferenceMixin, ExportMixin):
         preemption_signals: Any = (signal.SIGTERM,),
         best_checkpoint_monitor: str | None = None,
         best_checkpoint_mode: str = "auto",
+        resume_from: str | None = None,
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -166,6 +175,7 @@ class Trainer(InferenceMixin, ExportMixin):
             preemption_signals=preemption_signals,
             best_checkpoint_monitor=best_checkpoint_monitor,
             best_checkpoint_mode=best_checkpoint_mode,
+            resume_from=resume_from,
         )
         self.model_dir = self.run_options.model_dir
         _strategy_checks.check_model_in_scope(model, self.strategy)
@@ -178,8 +188,28 @@ class Trainer(InferenceMixin, ExportMixin):
             elif getattr(model, "optimizer", None) is not None:
                 model.optimizer = _strategy_checks.adopt_optimizer(model.optimizer, self.strategy)
             precision.wrap_model_optimizer(model, self.mixed_precision)
+        with self.strategy.scope():
+            self._global_step = tf.Variable(
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                name="global_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
+        self._in_step_summaries: InStepSummaries | None = None
         self.timing: timing.TimingReport | None = None
         self._loops: dict[str, _loops.StepLoop] = {}
+
+    @property
+    def global_step(self) -> tf.Variable:
+        """The global step: training steps done in the current (or last) `fit`, resumes included.
+
+        One int64 variable, incremented in the graph before each training
+        step (so a `tf.summary` call inside step k writes at step k), saved
+        with every checkpoint and restored on resume. A fit without a
+        checkpoint to resume starts it at 0.
+        """
+        return self._global_step
 
     # ----------------------------------------------------------------- steps
 
@@ -200,7 +230,7 @@ class Trainer(InferenceMixin, ExportMixin):
         # no scan of the instance's attributes.
         tracked = self.__dict__.setdefault("_tracked", {})
         tracked.pop(name, None)
-        if name != "model" and isinstance(value, _TRACKED_TYPES):
+        if name not in _UNTRACKED_NAMES and isinstance(value, _TRACKED_TYPES):
             tracked[name] = value
         super().__setattr__(name, value)
 
@@ -294,6 +324,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 name,
                 stop_on_nonfinite=kind == "train" and self.run_options.terminate_on_nan,
                 collect=kind == "predict",
+                step_counter=self._global_step if kind == "train" else None,
             )
         return self._loops[kind]
 
@@ -306,7 +337,8 @@ class Trainer(InferenceMixin, ExportMixin):
     def _validate_mid_epoch(self, plan: _inputs.EpochPlan, callback_list: Any) -> dict[str, Any]:
         """Validates without losing the epoch's training metrics (an evaluation resets every metric)."""
         saved = [(variable, variable.numpy()) for metric in self.metrics for variable in metric.variables]
-        logs = self._run_evaluation(plan, callback_list)
+        with tf.summary.record_if(False):  # the writer in fit is the training step's
+            logs = self._run_evaluation(plan, callback_list)
         for variable, value in saved:
             variable.assign(value)
         return logs
@@ -320,6 +352,21 @@ class Trainer(InferenceMixin, ExportMixin):
         if self._overrides(step):
             return dict(logs or {})
         return dict(_keras_compat.metrics_result_or_logs(self.model, logs or {}))
+
+    def _step_summaries_for(self, chief: bool) -> InStepSummaries | None:
+        """The writer and cadence of `tf.summary` calls in the training step: the chief's, with `model_dir`.
+
+        Made once: a traced step keeps the writer and condition it was traced
+        with. None under XLA: it cannot compile summary ops (on CPU and GPU),
+        so the step's summaries are not recorded there.
+        """
+        if self.model_dir is None or not chief or self.options.jit_compile:
+            return None
+        if self._in_step_summaries is None:
+            self._in_step_summaries = InStepSummaries(
+                self.model_dir, self._global_step, self.run_options.summary_every_steps
+            )
+        return self._in_step_summaries
 
     def _plan(self, data: _inputs.AdaptedInput) -> _inputs.EpochPlan:
         return _inputs.EpochPlan(data, make_iterator=self._make_iterator())
@@ -484,6 +531,7 @@ class Trainer(InferenceMixin, ExportMixin):
                     step_history,
                 )
             )
+        worker = distribute.worker_role(self.strategy)
         run = _training_run.start_run(
             self.run_options,
             model=self.model,
@@ -493,10 +541,12 @@ class Trainer(InferenceMixin, ExportMixin):
             timer=timer if self.measure_timing else None,
             trace_counter=train_loop.trace_counter,
             verbose=_hooks.check_verbose(verbose),
-            worker=distribute.worker_role(self.strategy),
+            worker=worker,
             single_process=distribute.num_workers(self.strategy) == 1,
             total_steps=total_steps,
             extra_services=tuple(extra_services),
+            global_step=self._global_step,
+            in_step_summaries=self._step_summaries_for(worker[0]),
         )
         self.model.stop_training = False
         training_logs = None
@@ -519,7 +569,8 @@ class Trainer(InferenceMixin, ExportMixin):
                 )
                 epoch_logs = self._final_logs(logs, "train_step")
                 if val_plan is not None and _fit_checks.should_validate(epoch, validation_freq):
-                    val_logs = self._run_evaluation(val_plan, callback_list)
+                    with tf.summary.record_if(False):  # the writer in fit is the training step's
+                        val_logs = self._run_evaluation(val_plan, callback_list)
                     epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
                 callback_list.on_epoch_end(epoch, epoch_logs)
                 training_logs = epoch_logs
