@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -35,6 +35,9 @@ EVAL_RUN = "eval"
 RESULTS_FILE = "results.json"
 _GLOBAL_STEP_KEY = "progress/global_step" + VARIABLE_SUFFIX
 _LOGGER = logging.getLogger("tftrain")
+
+if TYPE_CHECKING:
+    from tftrain.trainer import Trainer
 
 
 class EvaluationTimeoutError(TimeoutError):
@@ -73,7 +76,7 @@ def read_results(model_dir: str) -> dict[int, dict[str, float]]:
 
 
 def evaluate_continuously(
-    trainer: Any,
+    trainer: Trainer,
     x: Any = None,
     y: Any = None,
     *,
@@ -205,7 +208,7 @@ def _check_arguments(
     last_step: Any,
 ) -> str:
     """Every argument checked before any waiting; returns the model directory."""
-    from tftrain.trainer import Trainer  # here: the Trainer's module imports this one's caller
+    from tftrain.trainer import Trainer  # imported here: tftrain.trainer imports this module
 
     if not isinstance(trainer, Trainer):
         raise TypeError(
