@@ -22,6 +22,7 @@ _SUBMODULES = {
     "checkpoint",
     "data",
     "distribute",
+    "evaluation",
     "model",
     "precision",
     "summaries",

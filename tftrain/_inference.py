@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain import _hooks, _inputs, _keras_compat, _training_run
+from tftrain import _hooks, _inputs, _keras_compat, _training_run, evaluation
 
 
 class InferenceMixin:
@@ -63,6 +63,45 @@ class InferenceMixin:
         if return_dict:
             return logs
         return _keras_compat.flatten_metrics_in_order(self.model, logs)
+
+    def evaluate_continuously(
+        self,
+        x: Any = None,
+        y: Any = None,
+        *,
+        model_dir: str | None = None,
+        batch_size: int | None = None,
+        steps: int | None = None,
+        sample_weight: Any = None,
+        callbacks: list[keras.callbacks.Callback] | None = None,
+        verbose: int | str = 0,
+        timeout_s: float | None = 3600.0,
+        poll_interval_s: float = 1.0,
+        last_step: int | None = None,
+    ) -> dict[int, dict[str, float]]:
+        """Evaluates each checkpoint of `model_dir` (default: this Trainer's) as training writes it.
+
+        `tftrain.evaluation.evaluate_continuously(self, ...)`: see it for the
+        arguments, when it returns and its errors. Results go to TensorBoard
+        (`model_dir/eval`) and to `model_dir/eval/results.json`.
+
+        Returns:
+            Global step -> logs of every checkpoint evaluated in `model_dir`.
+        """
+        return evaluation.evaluate_continuously(
+            self,
+            x,
+            y,
+            model_dir=model_dir,
+            batch_size=batch_size,
+            steps=steps,
+            sample_weight=sample_weight,
+            callbacks=callbacks,
+            verbose=verbose,
+            timeout_s=timeout_s,
+            poll_interval_s=poll_interval_s,
+            last_step=last_step,
+        )
 
     def _run_evaluation(self, plan: _inputs.EpochPlan, callback_list) -> dict[str, Any]:
         self.model.stop_evaluating = False

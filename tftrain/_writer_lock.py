@@ -52,6 +52,34 @@ def _alive(pid: int, start: str | None) -> bool:
     return start is None or _process_start(pid) in (None, start)
 
 
+def _read_lock(path: str) -> dict[str, Any] | None:
+    """The lock's record; None if there is no lock, `{}` if it cannot be read."""
+    try:
+        with tf.io.gfile.GFile(path) as handle:
+            return json.loads(handle.read() or "{}")
+    except tf.errors.NotFoundError:
+        return None
+    except (ValueError, tf.errors.OpError):
+        return {}  # unreadable: a writer killed while writing it
+
+
+def _holder_alive(holder: dict[str, Any], stale_after_s: float) -> bool:
+    """Whether the process a lock record names still runs (from another host: a recent heartbeat)."""
+    if holder.get("host") == socket.gethostname():
+        return _alive(int(holder["pid"]), holder.get("process_start"))
+    return time.time() - float(holder.get("heartbeat", 0)) <= stale_after_s
+
+
+def live_writer(model_dir: str, stale_after_s: float = STALE_AFTER_S) -> dict[str, Any] | None:
+    """The record (host, pid, since) of the live process writing to `model_dir`, or None.
+
+    Only reads the lock: a reader (a continuous evaluator) uses it to tell
+    whether training still runs. A stale or unreadable lock counts as no writer.
+    """
+    holder = _read_lock(os.path.join(model_dir, LOCK_NAME))
+    return holder if holder and _holder_alive(holder, stale_after_s) else None
+
+
 class WriterLock(Service):
     """Holds `model_dir/writer.lock` for the duration of a run (a service: released at `close`).
 
@@ -83,20 +111,12 @@ class WriterLock(Service):
         }
 
     def _stale(self, holder: dict[str, Any]) -> bool:
-        if holder.get("host") == socket.gethostname():
-            if holder.get("pid") == os.getpid():
-                return True  # an earlier run of this process that did not close (e.g. an exception)
-            return not _alive(int(holder["pid"]), holder.get("process_start"))
-        return time.time() - float(holder.get("heartbeat", 0)) > self.stale_after_s
+        if holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid():
+            return True  # an earlier run of this process that did not close (e.g. an exception)
+        return not _holder_alive(holder, self.stale_after_s)
 
     def _read(self) -> dict[str, Any] | None:
-        try:
-            with tf.io.gfile.GFile(self.path) as handle:
-                return json.loads(handle.read() or "{}")
-        except tf.errors.NotFoundError:
-            return None
-        except (ValueError, tf.errors.OpError):
-            return {}  # unreadable: a writer killed while writing it
+        return _read_lock(self.path)
 
     def _acquire(self) -> None:
         for _ in range(3):  # another process may create or take over the lock between our steps

@@ -9,12 +9,15 @@ epoch's checkpoint), `--kill=save:N` in the middle of the N-th checkpoint write
 `--kill=sigterm:N` sends the process SIGTERM after step N: the Trainer saves a
 checkpoint at the step it reached and raises PreemptedError; the job then exits
 with status 3.
+`--step-sleep=S` sleeps S seconds after each step (a run slow enough for a
+continuous evaluator to watch).
 """
 
 import argparse
 import glob
 import os
 import signal
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -45,6 +48,15 @@ class KillAt(keras.callbacks.Callback):
             kill_now()
 
 
+class SleepEachStep(keras.callbacks.Callback):
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(self.seconds)
+
+
 def kill_during_save(save_number, model_dir):
     """Makes the N-th checkpoint write die half-way, leaving what a real kill can leave."""
     original = tf.train.Checkpoint._write
@@ -73,6 +85,7 @@ def main():
     parser.add_argument("model_dir")
     parser.add_argument("--kill", default="")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
     args = parser.parse_args()
 
     tf.config.experimental.enable_op_determinism()
@@ -97,7 +110,7 @@ def main():
         model_dir=args.model_dir,
         checkpoint_every_steps=3,
     )
-    callbacks = []
+    callbacks = [SleepEachStep(args.step_sleep)] if args.step_sleep else []
     if args.kill:
         kind, value = args.kill.split(":")
         if kind == "save":
