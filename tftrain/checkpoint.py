@@ -37,13 +37,17 @@ from tftrain._checkpoint_validation import (
     check_compatible,
     check_directory_path,
     ensure_writable_directory,
+    open_checkpoint,
     read_all_tensors,
 )
 from tftrain._validation import check_int
+from tftrain._warm_start import WarmStartReport, warm_start
 from tftrain._writer_lock import ModelDirInUseError
 
 __all__ = [
     "restore_model",
+    "warm_start",
+    "WarmStartReport",
     "ModelDirInUseError",
     "CHECKPOINT_NAME",
     "CheckpointError",
@@ -466,22 +470,14 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
         IncompatibleCheckpointError: it does not fit the model (nothing restored).
         ValueError: the model is not built.
     """
-    path = str(path)
-    if tf.io.gfile.isdir(path):
-        latest = tf.train.latest_checkpoint(path)
-        if latest is None:
-            raise CheckpointError(f"No checkpoint in {path}. Expected a directory a tftrain run saved to.")
-        path = latest
+    path, reader = open_checkpoint(path)
     if not model.built:
         raise ValueError(
             f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
             "built model: call it once on a batch, or `model.build(input_shape)`."
         )
     try:
-        reader = tf.train.load_checkpoint(path)
         read_all_tensors(reader)
-    except (tf.errors.NotFoundError, ValueError) as error:
-        raise CheckpointError(f"No readable checkpoint at {path}: {error}") from error
     except tf.errors.OpError as error:
         raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
     state: dict[str, Any] = {"model": model}
