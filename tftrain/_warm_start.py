@@ -221,10 +221,9 @@ def warm_start(
 
         ```python
         model = FineTuneNet(num_classes=10)
-        model(x[:1])                                   # build the variables
-        report = tftrain.checkpoint.warm_start(
-            model.encoder, "runs/pretrain/checkpoints", source="model/encoder")
-        trainer.fit(...)                               # trains from those weights
+        model(x[:1])  # build the variables
+        tftrain.checkpoint.warm_start(model.encoder, "runs/pretrain/checkpoints", source="model/encoder")
+        trainer.fit(...)  # trains from those weights
         ```
 
     Args:
