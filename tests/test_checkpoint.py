@@ -597,7 +597,7 @@ def test_resume_from_refuses_what_it_cannot_use_before_any_step(tmp_path):
         tftrain.Trainer(make_model(), resume_from="x")
     with pytest.raises(ValueError, match="Invalid value for argument `resume_from`"):
         tftrain.Trainer(make_model(), model_dir=str(tmp_path / "bad"), resume_from=3)
-    with pytest.raises(checkpoint_lib.CheckpointError, match="No readable checkpoint at .*ckpt-404"):
+    with pytest.raises(checkpoint_lib.CheckpointError, match="resume_from=.*ckpt-404', which does not exist"):
         fit(tmp_path / "new", shuffled_dataset, 1, resume_from=str(tmp_path / "missing" / "ckpt-404"))
     with pytest.raises(checkpoint_lib.CheckpointError, match="No checkpoint in"):
         fit(tmp_path / "new", shuffled_dataset, 1, resume_from=str(tmp_path))
@@ -608,6 +608,13 @@ def test_resume_from_refuses_what_it_cannot_use_before_any_step(tmp_path):
     model = make_model(seed=7)
     before = [np.array(weight) for weight in model.get_weights()]
     trainer = tftrain.Trainer(model, model_dir=str(tmp_path / "new"), resume_from=str(tmp_path / "other"))
+    with pytest.raises(
+        checkpoint_lib.CheckpointError, match="a tftrain `model_dir`. pass .*other/checkpoints"
+    ):
+        trainer.fit(shuffled_dataset(), verbose=0)
+    trainer = tftrain.Trainer(
+        model, model_dir=str(tmp_path / "new"), resume_from=str(tmp_path / "other" / "checkpoints")
+    )
     with pytest.raises(checkpoint_lib.IncompatibleCheckpointError, match="hidden"):
         trainer.fit(shuffled_dataset(), verbose=0)
     for got, expected in zip(model.get_weights(), before, strict=True):

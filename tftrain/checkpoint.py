@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -38,13 +37,17 @@ from tftrain._checkpoint_validation import (
     check_compatible,
     check_directory_path,
     ensure_writable_directory,
+    open_checkpoint,
     read_all_tensors,
 )
 from tftrain._validation import check_int
+from tftrain._warm_start import WarmStartReport, warm_start
 from tftrain._writer_lock import ModelDirInUseError
 
 __all__ = [
     "restore_model",
+    "warm_start",
+    "WarmStartReport",
     "ModelDirInUseError",
     "CHECKPOINT_NAME",
     "CheckpointError",
@@ -334,7 +337,8 @@ class Checkpointer:
             CheckpointError: no checkpoint at `path`, or it cannot be read.
             IncompatibleCheckpointError: it does not fit the model.
         """
-        path, reader = open_checkpoint(path)
+        path, reader = open_checkpoint(path, "resume_from")
+        _read_every_tensor(path, reader)
         return path, self._restore_from(path, reader, iterator)
 
     def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
@@ -504,12 +508,13 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
         IncompatibleCheckpointError: it does not fit the model (nothing restored).
         ValueError: the model is not built.
     """
+    path, reader = open_checkpoint(path)
     if not model.built:
         raise ValueError(
             f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
             "built model: call it once on a batch, or `model.build(input_shape)`."
         )
-    path, reader = open_checkpoint(path)
+    _read_every_tensor(path, reader)
     state: dict[str, Any] = {"model": model}
     optimizer = getattr(model, "optimizer", None)
     if include_optimizer and optimizer is not None:
@@ -522,45 +527,9 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
     return path
 
 
-def open_checkpoint(path: str) -> tuple[str, tf.train.CheckpointReader]:
-    """Finds and reads a checkpoint: a path prefix, or a directory (its latest checkpoint).
-
-    A `model_dir` may be given for its `checkpoints` directory.
-
-    Every tensor is read once, so a damaged file fails here, before anything
-    is assigned.
-
-    Args:
-        path: A checkpoint path prefix (`.../ckpt-3000`), a directory of
-            checkpoints, or a `model_dir`.
-
-    Returns:
-        The checkpoint's path prefix and its reader.
-
-    Raises:
-        CheckpointError: no checkpoint is there.
-        CorruptCheckpointError: the checkpoint cannot be read.
-    """
-    path = str(path)
-    if tf.io.gfile.isdir(path):
-        # A model_dir stands for its checkpoints/ directory.
-        latest = tf.train.latest_checkpoint(path) or tf.train.latest_checkpoint(
-            os.path.join(path, "checkpoints")
-        )
-        if latest is None:
-            raise CheckpointError(
-                f"No checkpoint in {path}. Expected a directory a tftrain run saved to (e.g. "
-                "model_dir/checkpoints), or a checkpoint path such as model_dir/checkpoints/ckpt-3000."
-            )
-        path = latest
+def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:
+    """Reads every tensor once, so a damaged file fails before anything is assigned."""
     try:
-        reader = tf.train.load_checkpoint(path)
         read_all_tensors(reader)
-    except (tf.errors.NotFoundError, ValueError) as error:
-        raise CheckpointError(
-            f"No readable checkpoint at {path}: {error}. Expected a checkpoint path prefix such as "
-            "model_dir/checkpoints/ckpt-3000 (without .index), or a directory holding checkpoints."
-        ) from error
     except tf.errors.OpError as error:
         raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-    return path, reader
