@@ -156,7 +156,7 @@ def start_run(
     total_steps: int | None = None,
     extra_services: tuple[Service, ...] = (),
     global_step: tf.Variable | None = None,
-    in_step_summaries: InStepSummaries | None = None,
+    in_step_summaries: Callable[[], InStepSummaries | None] | None = None,
 ) -> TrainingRun:
     """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
@@ -186,8 +186,9 @@ def start_run(
             increments it before each step): set to 0, or restored from the
             checkpoint, and saved with every checkpoint. None: counted on
             the host only.
-        in_step_summaries: The writer and cadence for `tf.summary` calls
-            inside the training step (the chief of a run with `model_dir`).
+        in_step_summaries: Returns the writer and cadence for `tf.summary`
+            calls inside the training step, or None (called once `model_dir`
+            is this run's: the writer creates `model_dir/train`).
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -238,8 +239,9 @@ def start_run(
             raise
         if lock is not None:
             services.append(lock)
-    if in_step_summaries is not None:
-        services.append(InStepSummaryService(in_step_summaries))
+    step_summaries = in_step_summaries() if in_step_summaries is not None else None
+    if step_summaries is not None:
+        services.append(InStepSummaryService(step_summaries))
     services.append(timing_service)
     return TrainingRun(
         plan,

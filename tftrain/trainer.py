@@ -546,7 +546,7 @@ class Trainer(InferenceMixin, ExportMixin):
             total_steps=total_steps,
             extra_services=tuple(extra_services),
             global_step=self._global_step,
-            in_step_summaries=self._step_summaries_for(worker[0]),
+            in_step_summaries=lambda: self._step_summaries_for(worker[0]),
         )
         self.model.stop_training = False
         training_logs = None
