@@ -20,6 +20,7 @@ from typing import Any
 
 from tftrain import _hooks, _inputs, _loops, summaries, timing
 from tftrain import checkpoint as checkpoint_lib
+from tftrain._multiworker_preemption import multiworker_preemption
 from tftrain._services import (
     BestCheckpointService,
     CheckpointService,
@@ -141,6 +142,7 @@ def start_run(
     single_process: bool = True,
     total_steps: int | None = None,
     extra_services: tuple[Service, ...] = (),
+    cluster_resolver: Any = None,
 ) -> TrainingRun:
     """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
@@ -163,9 +165,11 @@ def start_run(
             validation, whose logs the summaries write).
         total_steps: End the run after this many training steps in all (a
             resumed run trains up to it); None: the epochs decide.
-        single_process: Whether the run has one worker process: only then
-            does a preemption signal checkpoint and stop the run (every
-            worker takes part in a save, and a signal reaches one process).
+        single_process: Whether the run has one worker process. With
+            several, a preemption signal that reaches any worker makes all of
+            them save at one step and stop (`tftrain._multiworker_preemption`).
+        cluster_resolver: The strategy's cluster resolver (multi-worker
+            runs: the workers agree on the step to save through it).
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -206,6 +210,7 @@ def start_run(
                 worker,
                 verbose,
                 single_process,
+                cluster_resolver,
             )
         except BaseException:
             if lock is not None:
@@ -237,6 +242,7 @@ def _model_dir_services(
     worker: tuple[bool, str],
     verbose: int,
     single_process: bool,
+    cluster_resolver: Any = None,
 ) -> tuple[checkpoint_lib.Checkpointer, checkpoint_lib.Progress]:
     """Restores the latest checkpoint and appends the services that write to `model_dir`."""
     chief, worker_name = worker
@@ -303,6 +309,12 @@ def _model_dir_services(
     services.append(checkpoint_service)
     if options.preemption_signals and single_process:
         services.append(PreemptionService(options.preemption_signals, checkpoint_service))
+    elif options.preemption_signals:
+        preemption = multiworker_preemption(
+            options.preemption_signals, checkpoint_service, cluster_resolver, worker
+        )
+        if preemption is not None:
+            services.append(preemption)
     return checkpointer, progress
 
 

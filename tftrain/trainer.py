@@ -495,6 +495,7 @@ class Trainer(InferenceMixin, ExportMixin):
             verbose=_hooks.check_verbose(verbose),
             worker=distribute.worker_role(self.strategy),
             single_process=distribute.num_workers(self.strategy) == 1,
+            cluster_resolver=getattr(self.strategy, "cluster_resolver", None),
             total_steps=total_steps,
             extra_services=tuple(extra_services),
         )
