@@ -117,6 +117,7 @@ def test_sigterm_to_one_worker_checkpoints_every_worker_at_one_step_and_resumes(
         assert report["signal_number"] == signal.SIGTERM, report
         assert "stopped on SIGTERM (sent to worker-1) at step 7 (epoch 2, step 3" in report["message"]
         assert report["handlers_restored"]
+        assert report["later_fit_steps"] == 8  # a later fit in the same processes is not preempted
     assert os.path.exists(checkpoint + ".index")  # written by the chief
     assert not (model_dir / "workers" / "worker-1").exists()  # the other worker's copy is gone
 

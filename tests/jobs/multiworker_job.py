@@ -14,7 +14,8 @@ MODEL_DIR every 3 steps; with KILL_AT_STEP the process dies (`os._exit`, no
 cleanup) right after that step, else it writes `OUTPUT_DIR/resumed.npz` (with the
 weights of an uninterrupted two-worker run, `two_workers`). With `sigterm:STEP`
 the non-chief worker sends itself SIGTERM after that step; each worker catches
-`tftrain.PreemptedError`, writes `OUTPUT_DIR/preempted.json` and exits with 4.
+`tftrain.PreemptedError`, trains a second fit to the end (on `MODEL_DIR_again`),
+writes `OUTPUT_DIR/preempted.json` and exits with 4.
 """
 
 import json
@@ -144,6 +145,12 @@ def train_with_model_dir(output_dir, model_dir, action, strategy):
     try:
         trainer.fit(make_dataset(), epochs=2, verbose=1, callbacks=callbacks)
     except tftrain.PreemptedError as error:
+        # A later fit in the same job must not take the first one's notice as its own.
+        with strategy.scope():
+            again = build("keras_model")
+        tftrain.Trainer(again, strategy=strategy, model_dir=model_dir + "_again").fit(
+            make_dataset(), epochs=2, verbose=0
+        )
         with open(os.path.join(output_dir, "preempted.json"), "w") as file:
             json.dump(
                 {
@@ -151,6 +158,7 @@ def train_with_model_dir(output_dir, model_dir, action, strategy):
                     "checkpoint": error.checkpoint,
                     "signal_number": error.signal_number,
                     "message": str(error),
+                    "later_fit_steps": int(again.optimizer.iterations.numpy()),
                     "handlers_restored": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
                     and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
                 },
