@@ -8,6 +8,7 @@ device on the same global batches, and log the global (not their own) metrics.
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -102,3 +103,28 @@ def test_a_killed_multiworker_job_resumes_from_the_chiefs_checkpoint(tmp_path_fa
     assert int(first["steps"]) == int(second["steps"]) == 8
     assert not (model_dir / "workers").exists() or not os.listdir(model_dir / "workers")
     assert "ckpt-8.index" in os.listdir(model_dir / "checkpoints")  # the chief saved the rest
+
+
+def test_sigterm_to_one_worker_checkpoints_every_worker_at_one_step_and_resumes(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("model_dir")
+    # worker-1 (not the chief) gets SIGTERM after step 5; the workers agree to save after the next
+    # host call (step 6), so every worker saves at step 7 and stops.
+    dirs, _ = run_workers(tmp_path_factory, model_dir, "sigterm:5", expect_returncode=4)
+    reports = [json.load(open(os.path.join(d, "preempted.json"))) for d in dirs]
+    checkpoint = f"{model_dir}/checkpoints/ckpt-7"
+    for report in reports:
+        assert report["step"] == 7 and report["checkpoint"] == checkpoint, report
+        assert report["signal_number"] == signal.SIGTERM, report
+        assert "stopped on SIGTERM (sent to worker-1) at step 7 (epoch 2, step 3" in report["message"]
+        assert report["handlers_restored"]
+        assert report["later_fit_steps"] == 8  # a later fit in the same processes is not preempted
+    assert os.path.exists(checkpoint + ".index")  # written by the chief
+    assert not (model_dir / "workers" / "worker-1").exists()  # the other worker's copy is gone
+
+    dirs, outputs = run_workers(tmp_path_factory, model_dir)
+    for output in outputs:
+        assert f"resumed from {checkpoint} at step 7 (epoch 2, step 3" in output
+    first, second = (np.load(os.path.join(d, "resumed.npz")) for d in dirs)
+    assert int(first["steps"]) == int(second["steps"]) == 8
+    np.testing.assert_array_equal(first["worker"], second["worker"])
+    np.testing.assert_array_equal(first["worker"], first["two_workers"])  # bit for bit

@@ -222,3 +222,67 @@ def trackable_object_graph() -> Any:
         "checking a checkpoint before restoring it",
     )
     return proto()
+
+
+# ------------------------------------------------------------------ multi-worker preemption
+
+_PREEMPTION = "checkpointing all workers on preemption"
+_FAILURE_HANDLING = "tensorflow.python.distribute.failure_handling.failure_handling"
+
+
+def coordination_context() -> Any:
+    """TensorFlow's eager context, whose coordination service shares keys and barriers between workers.
+
+    `tf.distribute.experimental.PreemptionCheckpointHandler` talks to the
+    workers through it; tftrain uses the same store to clear the handler's
+    keys between runs and to tell every worker which signal arrived.
+    """
+    context = _attribute("tensorflow.python.eager.context", "context", _PREEMPTION)()
+    for name in (
+        "set_config_key_value",
+        "get_config_key_value",
+        "delete_config_key_value",
+        "wait_at_barrier",
+    ):
+        _method(context, name, _PREEMPTION)
+    if not hasattr(context, "coordination_service"):
+        raise _missing("`Context.coordination_service`", _PREEMPTION)
+    return context
+
+
+def preemption_handler_keys(num_workers: int) -> list[str]:
+    """The coordination-service keys a `PreemptionCheckpointHandler` sets.
+
+    They outlive the handler (TensorFlow expects the job to exit after a
+    preemption); a second handler in the same job would read them as its own
+    notices, so tftrain deletes them before it creates one.
+    """
+
+    def key(name: str) -> str:
+        return _attribute(_FAILURE_HANDLING, name, _PREEMPTION)
+
+    run_keys = [key("_INITIAL_RUN_COUNT_KEY"), key("_FINAL_RUN_COUNT_KEY")]
+    acknowledged = [f"{key('_ACKNOWLEDGE_KEY')}_{run}_{i}" for run in run_keys for i in range(num_workers)]
+    return [key("_PREEMPTION_WORKER_KEY"), *run_keys, *acknowledged]
+
+
+def preemption_handler_coordinates(handler: Any) -> bool:
+    """Whether a `PreemptionCheckpointHandler` shares notices between workers.
+
+    TensorFlow makes it local (no cluster) or inert (GCP CPU and TPU VMs)
+    where it does not apply; then it must not be relied on.
+    """
+    if not hasattr(handler, "_local_mode"):
+        raise _missing("`PreemptionCheckpointHandler._local_mode`", _PREEMPTION)
+    return not handler._local_mode
+
+
+def stop_preemption_handler(handler: Any) -> None:
+    """Stops a `PreemptionCheckpointHandler`'s watcher threads.
+
+    TensorFlow stops them only when it saves for a preemption or in `__del__`,
+    which never runs while the threads hold the handler; a run that ends
+    normally must stop them itself.
+    """
+    _method(handler, "_stop_poll_termination_signal_thread", _PREEMPTION)()
+    _method(handler, "_stop_cluster_wise_termination_watcher_thread", _PREEMPTION)()

@@ -39,12 +39,15 @@ class PreemptedError(RuntimeError):
     scheduler restarts it.
 
     Attributes:
-        signal_number: The signal that arrived.
-        step: The global step at which the run stopped.
-        checkpoint: The checkpoint written for that step.
+        signal_number: The signal that arrived (in a multi-worker run, the
+            one that reached a worker first; every worker reports it), or
+            None if it could not be learnt from the worker it reached.
+        step: The global step at which the run stopped (the same on every worker).
+        checkpoint: The checkpoint written for that step (in a multi-worker
+            run, the chief's, in `model_dir/checkpoints`).
     """
 
-    def __init__(self, message: str, *, signal_number: int, step: int, checkpoint: str | None):
+    def __init__(self, message: str, *, signal_number: int | None, step: int, checkpoint: str | None):
         super().__init__(message)
         self.signal_number = signal_number
         self.step = step
@@ -378,16 +381,70 @@ class BestCheckpointService(Service):
             self.best = state.get("best")
 
 
+class SignalRecorder:
+    """Records preemption signals while a run lasts; `restore` puts the previous handlers back.
+
+    The handlers only note the signal (the run acts on it at a host-call
+    boundary). Python delivers signals to the main thread only: from another
+    thread, nothing is installed (warned).
+
+    Args:
+        signals: The signals that mean "preempted" (e.g. `(signal.SIGTERM,)`).
+
+    Attributes:
+        received: The last signal that arrived, or None.
+    """
+
+    def __init__(self, signals: tuple[int, ...], stacklevel: int = 5):
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            warnings.warn(
+                "fit runs outside the main thread, where Python cannot install signal handlers: a "
+                f"preemption signal ({', '.join(signal.Signals(s).name for s in signals)}) stops the process "
+                "without a last checkpoint. Run fit in the main thread to checkpoint on preemption.",
+                stacklevel=stacklevel,
+            )
+            return
+        for number in signals:
+            self._previous[number] = signal.signal(number, self._record)
+
+    def _record(self, number: int, frame: Any) -> None:
+        del frame
+        self.received = number
+
+    def restore(self) -> None:
+        """Reinstalls the handlers that were there before."""
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous.clear()
+
+
+def preempted_error(
+    run: TrainingRun, signal_number: int | None, path: str | None, cause: str
+) -> PreemptedError:
+    """The `PreemptedError` of a run stopped at its current step after saving `path`."""
+    progress = run.progress
+    return PreemptedError(
+        f"Training stopped on {cause} at step {progress.global_step} (epoch {progress.epoch + 1}, "
+        f"step {progress.step_in_epoch} of the epoch), after saving {path}. Run the same fit "
+        "on the same model_dir to resume exactly there.",
+        signal_number=signal_number,
+        step=progress.global_step,
+        checkpoint=path,
+    )
+
+
 class PreemptionService(Service):
-    """Stops a run on a preemption signal with a checkpoint at the step reached.
+    """Stops a single-process run on a preemption signal with a checkpoint at the step reached.
 
     While the run lasts, the signals' handlers only record the signal: the host
     call in flight finishes, a checkpoint is saved at that step (a save in
     progress completes first, so the previous checkpoint is never damaged), and
     `PreemptedError` is raised. A signal during an epoch's last call lets the
     epoch end (validation, callbacks, the epoch checkpoint) first. The previous
-    handlers are restored at `close`. Python delivers signals to the main
-    thread only: from another thread, no handler is installed (warned).
+    handlers are restored at `close` (see `SignalRecorder`). Multi-worker runs
+    use `tftrain._multiworker_preemption` instead.
 
     Args:
         signals: The signals that mean "preempted" (e.g. `(signal.SIGTERM,)`).
@@ -398,22 +455,12 @@ class PreemptionService(Service):
 
     def __init__(self, signals: tuple[int, ...], checkpoints: CheckpointService):
         self.checkpoints = checkpoints
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            warnings.warn(
-                "fit runs outside the main thread, where Python cannot install signal handlers: a "
-                f"preemption signal ({', '.join(signal.Signals(s).name for s in signals)}) stops the process "
-                "without a last checkpoint. Run fit in the main thread to checkpoint on preemption.",
-                stacklevel=4,
-            )
-            return
-        for number in signals:
-            self._previous[number] = signal.signal(number, self._record)
+        self.signals = SignalRecorder(signals)
 
-    def _record(self, number: int, frame: Any) -> None:
-        del frame
-        self.received = number
+    @property
+    def received(self) -> int | None:
+        """The preemption signal that arrived, or None."""
+        return self.signals.received
 
     def before_call(self, run: TrainingRun) -> None:
         if self.received is not None:
@@ -431,17 +478,7 @@ class PreemptionService(Service):
     def _stop(self, run: TrainingRun, saved: bool = False) -> None:
         path = self.checkpoints.checkpointer.latest if saved else self.checkpoints.save(run)
         path = path or self.checkpoints.checkpointer.latest
-        name = signal.Signals(self.received).name
-        raise PreemptedError(
-            f"Training stopped on {name} at step {run.progress.global_step} (epoch {run.progress.epoch + 1}, "
-            f"step {run.progress.step_in_epoch} of the epoch), after saving {path}. Run the same fit "
-            "on the same model_dir to resume exactly there.",
-            signal_number=self.received,
-            step=run.progress.global_step,
-            checkpoint=path,
-        )
+        raise preempted_error(run, self.received, path, signal.Signals(self.received).name)
 
     def close(self) -> None:
-        for number, previous in self._previous.items():
-            signal.signal(number, previous)
-        self._previous.clear()
+        self.signals.restore()

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tftrain import _hooks, _inputs, _loops, summaries, timing
 from tftrain import checkpoint as checkpoint_lib
+from tftrain._multiworker_preemption import multiworker_preemption
 from tftrain._services import (
     BestCheckpointService,
     CheckpointService,
@@ -157,6 +158,7 @@ def start_run(
     extra_services: tuple[Service, ...] = (),
     global_step: tf.Variable | None = None,
     in_step_summaries: Callable[[], InStepSummaries | None] | None = None,
+    cluster_resolver: Any = None,
 ) -> TrainingRun:
     """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
@@ -179,9 +181,9 @@ def start_run(
             validation, whose logs the summaries write).
         total_steps: End the run after this many training steps in all (a
             resumed run trains up to it); None: the epochs decide.
-        single_process: Whether the run has one worker process: only then
-            does a preemption signal checkpoint and stop the run (every
-            worker takes part in a save, and a signal reaches one process).
+        single_process: Whether the run has one worker process. With
+            several, a preemption signal that reaches any worker makes all of
+            them save at one step and stop (`tftrain._multiworker_preemption`).
         global_step: The run's global step variable (the training loop
             increments it before each step): set to 0, or restored from the
             checkpoint, and saved with every checkpoint. None: counted on
@@ -189,6 +191,8 @@ def start_run(
         in_step_summaries: Returns the writer and cadence for `tf.summary`
             calls inside the training step, or None (called once `model_dir`
             is this run's: the writer creates `model_dir/train`).
+        cluster_resolver: The strategy's cluster resolver (multi-worker
+            runs: the workers agree on the step to save through it).
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -232,6 +236,7 @@ def start_run(
                 verbose,
                 single_process,
                 global_step,
+                cluster_resolver,
             )
         except BaseException:
             if lock is not None:
@@ -267,6 +272,7 @@ def _model_dir_services(
     verbose: int,
     single_process: bool,
     global_step: tf.Variable | None,
+    cluster_resolver: Any = None,
 ) -> tuple[checkpoint_lib.Checkpointer, checkpoint_lib.Progress]:
     """Restores the latest checkpoint and appends the services that write to `model_dir`."""
     chief, worker_name = worker
@@ -338,6 +344,12 @@ def _model_dir_services(
     services.append(checkpoint_service)
     if options.preemption_signals and single_process:
         services.append(PreemptionService(options.preemption_signals, checkpoint_service))
+    elif options.preemption_signals:
+        preemption = multiworker_preemption(
+            options.preemption_signals, checkpoint_service, cluster_resolver, worker
+        )
+        if preemption is not None:
+            services.append(preemption)
     return checkpointer, progress
 
 

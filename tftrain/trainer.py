@@ -98,12 +98,14 @@ class Trainer(InferenceMixin, ExportMixin):
         terminate_on_nan: Stop with `NonFiniteLossError` at the first step
             whose loss (a `loss` or `*_loss` log) is NaN or infinite; no
             checkpoint is written for it.
-        preemption_signals: With `model_dir`, in a single-process run: signals
-            (numbers or names) on which `fit` finishes the host call in
-            flight, saves a checkpoint at that step and raises
-            `tftrain.PreemptedError`; rerunning resumes exactly there. `()`
-            keeps the process's default handlers (SIGTERM then kills it).
-            Installed only while `fit` runs.
+        preemption_signals: With `model_dir`: signals (numbers or names) on
+            which `fit` finishes the host call in flight, saves a checkpoint
+            at that step and raises `tftrain.PreemptedError`; rerunning
+            resumes exactly there. Under several workers, a signal reaching
+            any worker stops them all at one agreed step (one host call
+            later), each saving (see docs/distribution.md). `()` keeps the
+            process's default handlers (SIGTERM then kills it). Installed
+            only while `fit` runs.
         best_checkpoint_monitor: With `model_dir`: also keep the checkpoint of
             the best epoch by this log (e.g. `"val_loss"`) in `model_dir/best`,
             apart from the rotating ones (load it with
@@ -543,6 +545,7 @@ class Trainer(InferenceMixin, ExportMixin):
             verbose=_hooks.check_verbose(verbose),
             worker=worker,
             single_process=distribute.num_workers(self.strategy) == 1,
+            cluster_resolver=getattr(self.strategy, "cluster_resolver", None),
             total_steps=total_steps,
             extra_services=tuple(extra_services),
             global_step=self._global_step,

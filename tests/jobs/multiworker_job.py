@@ -2,7 +2,7 @@
 
 Usage:
     TF_CONFIG=... python multiworker_job.py OUTPUT_DIR
-    TF_CONFIG=... python multiworker_job.py OUTPUT_DIR MODEL_DIR [KILL_AT_STEP]
+    TF_CONFIG=... python multiworker_job.py OUTPUT_DIR MODEL_DIR [KILL_AT_STEP | sigterm:STEP]
 
 The first form trains each configuration below under the strategy that
 `setup_strategy` picks from TF_CONFIG, then the same on one device in this
@@ -11,12 +11,18 @@ reference's) and `OUTPUT_DIR/logs.json` (each configuration's final logs).
 
 The second form trains the "keras_model" configuration with checkpoints in
 MODEL_DIR every 3 steps; with KILL_AT_STEP the process dies (`os._exit`, no
-cleanup) right after that step, else it writes `OUTPUT_DIR/resumed.npz`.
+cleanup) right after that step, else it writes `OUTPUT_DIR/resumed.npz` (with the
+weights of an uninterrupted two-worker run, `two_workers`). With `sigterm:STEP`
+the non-chief worker sends itself SIGTERM after that step; each worker catches
+`tftrain.PreemptedError`, trains a second fit to the end (on `MODEL_DIR_again`),
+writes `OUTPUT_DIR/preempted.json` and exits with 4.
 """
 
 import json
 import os
+import signal
 import sys
+import time
 
 import keras
 import numpy as np
@@ -95,27 +101,79 @@ def train(config, strategy):
     return model, {key: values[-1] for key, values in history.history.items()}
 
 
-class KillAt(keras.callbacks.Callback):
-    def __init__(self, step):
+class AtStep(keras.callbacks.Callback):
+    """Calls `action()` right after a global step."""
+
+    def __init__(self, step, action):
         super().__init__()
-        self.step = step
+        self.step, self.action = step, action
 
     def on_train_batch_end(self, batch, logs=None):
         if int(self.model.optimizer.iterations.numpy()) == self.step:
-            os._exit(3)
+            self.action()
 
 
-def train_with_model_dir(output_dir, model_dir, kill_at, strategy):
+def sigterm_and_wait():
+    """Sends this worker SIGTERM, then waits until the cluster has the notice."""
+    from tensorflow.python.eager import context  # the coordination service's key-value store
+
+    os.kill(os.getpid(), signal.SIGTERM)
+    context.context().get_config_key_value("TERMINATED_WORKER", 60_000)  # set by TF's handler
+    time.sleep(0.2)  # the handler marks the notice right after publishing it
+
+
+def flat_weights(model):
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+def train_with_model_dir(output_dir, model_dir, action, strategy):
     with strategy.scope():
         model = build("keras_model")
-    trainer = tftrain.Trainer(model, strategy=strategy, model_dir=model_dir, checkpoint_every_steps=3)
-    callbacks = [KillAt(int(kill_at))] if kill_at else []
-    trainer.fit(make_dataset(), epochs=2, verbose=1, callbacks=callbacks)
+    trainer = tftrain.Trainer(
+        model,
+        strategy=strategy,
+        model_dir=model_dir,
+        checkpoint_every_steps=3,
+        preemption_signals=("SIGTERM", "SIGUSR1"),
+    )
+    callbacks = []
+    if action and action.startswith("sigterm:"):
+        if not distribute.worker_role(strategy)[0]:
+            callbacks = [AtStep(int(action.split(":")[1]), sigterm_and_wait)]
+    elif action:
+        callbacks = [AtStep(int(action), lambda: os._exit(3))]
+    try:
+        trainer.fit(make_dataset(), epochs=2, verbose=1, callbacks=callbacks)
+    except tftrain.PreemptedError as error:
+        # A later fit in the same job must not take the first one's notice as its own.
+        with strategy.scope():
+            again = build("keras_model")
+        tftrain.Trainer(again, strategy=strategy, model_dir=model_dir + "_again").fit(
+            make_dataset(), epochs=2, verbose=0
+        )
+        with open(os.path.join(output_dir, "preempted.json"), "w") as file:
+            json.dump(
+                {
+                    "step": error.step,
+                    "checkpoint": error.checkpoint,
+                    "signal_number": error.signal_number,
+                    "message": str(error),
+                    "later_fit_steps": int(again.optimizer.iterations.numpy()),
+                    "handlers_restored": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+                    and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
+                },
+                file,
+            )
+        sys.exit(4)
+    with strategy.scope():  # the same job, never interrupted
+        uninterrupted = build("keras_model")
+    tftrain.Trainer(uninterrupted, strategy=strategy).fit(make_dataset(), epochs=2, verbose=0)
     reference, _ = train("keras_model", tf.distribute.get_strategy())
     np.savez(
         os.path.join(output_dir, "resumed.npz"),
-        worker=np.concatenate([w.ravel() for w in model.get_weights()]),
-        reference=np.concatenate([w.ravel() for w in reference.get_weights()]),
+        worker=flat_weights(model),
+        two_workers=flat_weights(uninterrupted),
+        reference=flat_weights(reference),
         steps=int(model.optimizer.iterations.numpy()),
     )
 
