@@ -535,6 +535,56 @@ def test_the_best_epoch_is_kept_apart_and_restore_model_loads_it(tmp_path):
     assert int(fresh.optimizer.iterations) == (best_epoch + 1) * 4
 
 
+def test_the_best_checkpoint_follows_validations_every_n_steps(tmp_path):
+    x = np.random.RandomState(0).rand(32, 6).astype("float32")
+    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
+    weights_at_step = {}
+
+    class Record(keras.callbacks.Callback):
+        def on_test_begin(self, logs=None):  # a validation reads the weights of the step it follows
+            weights_at_step[int(trainer.global_step.numpy())] = [w.copy() for w in self.model.get_weights()]
+
+    trainer = tftrain.Trainer(
+        make_mlp(),
+        keras.optimizers.SGD(0.5),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        model_dir=str(tmp_path),
+        best_checkpoint_monitor="val_loss",
+        steps_per_loop=2,
+    )
+    history = trainer.fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(),
+        total_steps=18,
+        validation_data=(x[:8], y[:8]),
+        validation_every_steps=3,
+        validation_freq=[],  # no per-epoch validation: the step validations alone decide
+        callbacks=[Record()],
+        verbose=0,
+    )
+    steps, losses = history.step_history["step"], history.step_history["val_loss"]
+    assert steps == [3, 6, 9, 12, 15, 18]
+    best_step = steps[int(np.argmin(losses))]
+    assert tf.train.latest_checkpoint(str(tmp_path / "best")).endswith(f"ckpt-{best_step}")
+    fresh = make_mlp(seed=9)
+    checkpoint_lib.restore_model(fresh, str(tmp_path / "best"), include_optimizer=False)
+    for got, expected in zip(fresh.get_weights(), weights_at_step[best_step], strict=True):
+        np.testing.assert_array_equal(got, expected)
+    # A monitor the validations do not log fails at the first one, naming the logs there are.
+    other = tftrain.Trainer(
+        make_mlp(), "sgd", "mse", model_dir=str(tmp_path / "other"), best_checkpoint_monitor="val_acc"
+    )
+    with pytest.raises(ValueError, match=r"but the validation's logs are \['val_loss'\]"):
+        other.fit(
+            np.zeros((8, 6), "float32"),
+            np.zeros((8, 3), "float32"),
+            batch_size=2,
+            validation_split=0.5,
+            validation_every_steps=1,
+            verbose=0,
+        )
+    assert int(other.global_step.numpy()) == 1
+
+
 def test_a_best_checkpoint_monitor_that_no_log_provides_fails_at_the_first_epoch_end(tmp_path):
     trainer = tftrain.Trainer(
         make_mlp(), "sgd", "mse", model_dir=str(tmp_path), best_checkpoint_monitor="val_acc"

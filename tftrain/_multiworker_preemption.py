@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from tftrain import _keras_compat
-from tftrain._services import CheckpointService, Service, SignalRecorder, preempted_error
+from tftrain._checkpoint_services import CheckpointService, SignalRecorder, preempted_error
+from tftrain._services import Service
 
 if TYPE_CHECKING:
     from tftrain import _loops

@@ -11,19 +11,13 @@ profiler window, timing, TensorBoard summaries and checkpointing are services;
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 
 from tftrain import _loops, summaries, timing
 
 if TYPE_CHECKING:
-    from tftrain import checkpoint as checkpoint_lib
     from tftrain._training_run import TrainingRun
 
 
@@ -76,6 +70,9 @@ class Service:
 
     def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
         """Runs at an epoch end, after the epoch's callbacks, with its (Python) logs."""
+
+    def validated(self, run: TrainingRun, logs: dict[str, Any]) -> None:
+        """Runs after a validation every N steps (`PeriodicValidation`), with its logs (no `val_` prefix)."""
 
     def state_dict(self) -> dict[str, Any] | None:
         """JSON-serializable state saved with each checkpoint, or None."""
@@ -130,8 +127,7 @@ class PeriodicValidation(Service):
         for key, value in logs.items():
             self.history.setdefault(f"val_{key}", []).append(value)
         for service in run.services:
-            if isinstance(service, SummaryService):
-                service.validation_at(step, logs)
+            service.validated(run, logs)
 
 
 class NonFiniteGuard(Service):
@@ -247,11 +243,11 @@ class SummaryService(Service):
     def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
         self.epoch_end_at(run.progress.global_step, logs)
 
-    def validation_at(self, step: int, logs: dict[str, Any]) -> None:
-        """Writes a validation taken at global step `step` (`step_*` scalars of the validation run)."""
+    def validated(self, run: TrainingRun, logs: dict[str, Any]) -> None:
+        """Writes a validation taken at the run's step (`step_*` scalars of the validation run)."""
         self.writer.write(
             summaries.VALIDATION_RUN,
-            step,
+            run.progress.global_step,
             {f"step_{key}": value for key, value in summaries.scalars(logs).items()},
         )
         self.writer.flush()
@@ -265,220 +261,3 @@ class SummaryService(Service):
 
     def close(self) -> None:
         self.writer.close()
-
-
-class CheckpointService(Service):
-    """Saves checkpoints every N steps and at each epoch end; removes a worker's scratch copies at the end.
-
-    Args:
-        checkpointer: Writes the checkpoints.
-        every_steps: Also save every this many steps (None: epoch ends only).
-        timer: The step timer that records save times, or None.
-        scratch_dir: A non-chief worker's own checkpoint directory, removed at `close`.
-    """
-
-    name = "checkpoint"
-
-    def __init__(
-        self,
-        checkpointer: checkpoint_lib.Checkpointer,
-        every_steps: int | None,
-        timer: timing.StepTimer | None,
-        scratch_dir: str | None = None,
-    ):
-        self.checkpointer = checkpointer
-        self.every_steps = every_steps
-        self.timer = timer
-        self.scratch_dir = scratch_dir
-        self._saved_at_step: int | None = None
-
-    def next_stop(self, step: int) -> int | None:
-        if not self.every_steps:
-            return None
-        return (step // self.every_steps + 1) * self.every_steps
-
-    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
-        if not self.every_steps:
-            return
-        step = run.progress.global_step
-        crossed = step // self.every_steps > (step - result.steps) // self.every_steps
-        # No step checkpoint at an epoch's last step: the epoch-end checkpoint follows.
-        if crossed and run.progress.step_in_epoch != run.epoch_steps:
-            self.save(run)
-
-    def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
-        self.save(run)
-
-    def save(self, run: TrainingRun) -> str | None:
-        """Writes a checkpoint of the run as it is now (once per global step)."""
-        progress = run.progress
-        if self._saved_at_step == progress.global_step and progress.step_in_epoch != 0:
-            return None
-        # The iterator first: at an epoch end it starts the next pass, which has read no batch yet.
-        iterator = run.plan.next_iterator()
-        progress.batches_in_pass = run.plan.batches_in_pass(progress.step_in_epoch)
-        start = time.perf_counter()
-        path = self.checkpointer.save(progress, iterator, run.service_states(), number=progress.global_step)
-        if self.timer is not None:
-            self.timer.record_checkpoint_save(time.perf_counter() - start)
-        self._saved_at_step = progress.global_step
-        return path
-
-    def close(self) -> None:
-        if self.scratch_dir is not None and tf.io.gfile.exists(self.scratch_dir):
-            tf.io.gfile.rmtree(self.scratch_dir)
-
-
-class BestCheckpointService(Service):
-    """Keeps the checkpoint of the best epoch by a monitored log, apart from the rotating ones.
-
-    At each epoch end whose logs improve on the best `monitor` value so far,
-    the run's state is saved to its own directory (one checkpoint, replaced
-    only by a better one; never rotated away by the regular checkpoints). The
-    best value is saved with the regular checkpoints, so a resumed run goes
-    on comparing with it.
-
-    Args:
-        checkpointer: Writes to the best checkpoint's directory (`max_to_keep=1`).
-        monitor: The log to watch, e.g. `"val_loss"`.
-        mode: `"min"`, `"max"`, or `"auto"` (max for accuracy-like names, else min).
-
-    Raises:
-        ValueError: (at the first epoch end) `monitor` is not among the logs.
-    """
-
-    name = "best_checkpoint"
-
-    def __init__(self, checkpointer: checkpoint_lib.Checkpointer, monitor: str, mode: str = "auto"):
-        self.checkpointer = checkpointer
-        self.monitor = monitor
-        if mode == "auto":
-            mode = "max" if any(part in monitor for part in ("acc", "auc", "precision", "recall")) else "min"
-        self.mode = mode
-        self.best: float | None = None
-
-    def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
-        if self.monitor not in logs:
-            if self.monitor.startswith("val_") and not any(key.startswith("val_") for key in logs):
-                return  # no validation in this epoch (validation_freq)
-            raise ValueError(
-                f"Invalid value for argument `best_checkpoint_monitor`. Received: "
-                f"best_checkpoint_monitor={self.monitor!r}, but the epoch's logs are {sorted(logs)}. "
-                "Expected one of those names (validation logs need `validation_data`)."
-            )
-        value = float(logs[self.monitor])
-        if self.best is not None and not (value < self.best if self.mode == "min" else value > self.best):
-            return
-        self.best = value
-        progress = run.progress
-        self.checkpointer.save(progress, None, run.service_states(), number=progress.global_step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"monitor": self.monitor, "best": self.best}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("monitor") == self.monitor:
-            self.best = state.get("best")
-
-
-class SignalRecorder:
-    """Records preemption signals while a run lasts; `restore` puts the previous handlers back.
-
-    The handlers only note the signal (the run acts on it at a host-call
-    boundary). Python delivers signals to the main thread only: from another
-    thread, nothing is installed (warned).
-
-    Args:
-        signals: The signals that mean "preempted" (e.g. `(signal.SIGTERM,)`).
-
-    Attributes:
-        received: The last signal that arrived, or None.
-    """
-
-    def __init__(self, signals: tuple[int, ...], stacklevel: int = 5):
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            warnings.warn(
-                "fit runs outside the main thread, where Python cannot install signal handlers: a "
-                f"preemption signal ({', '.join(signal.Signals(s).name for s in signals)}) stops the process "
-                "without a last checkpoint. Run fit in the main thread to checkpoint on preemption.",
-                stacklevel=stacklevel,
-            )
-            return
-        for number in signals:
-            self._previous[number] = signal.signal(number, self._record)
-
-    def _record(self, number: int, frame: Any) -> None:
-        del frame
-        self.received = number
-
-    def restore(self) -> None:
-        """Reinstalls the handlers that were there before."""
-        for number, previous in self._previous.items():
-            signal.signal(number, previous)
-        self._previous.clear()
-
-
-def preempted_error(
-    run: TrainingRun, signal_number: int | None, path: str | None, cause: str
-) -> PreemptedError:
-    """The `PreemptedError` of a run stopped at its current step after saving `path`."""
-    progress = run.progress
-    return PreemptedError(
-        f"Training stopped on {cause} at step {progress.global_step} (epoch {progress.epoch + 1}, "
-        f"step {progress.step_in_epoch} of the epoch), after saving {path}. Run the same fit "
-        "on the same model_dir to resume exactly there.",
-        signal_number=signal_number,
-        step=progress.global_step,
-        checkpoint=path,
-    )
-
-
-class PreemptionService(Service):
-    """Stops a single-process run on a preemption signal with a checkpoint at the step reached.
-
-    While the run lasts, the signals' handlers only record the signal: the host
-    call in flight finishes, a checkpoint is saved at that step (a save in
-    progress completes first, so the previous checkpoint is never damaged), and
-    `PreemptedError` is raised. A signal during an epoch's last call lets the
-    epoch end (validation, callbacks, the epoch checkpoint) first. The previous
-    handlers are restored at `close` (see `SignalRecorder`). Multi-worker runs
-    use `tftrain._multiworker_preemption` instead.
-
-    Args:
-        signals: The signals that mean "preempted" (e.g. `(signal.SIGTERM,)`).
-        checkpoints: The run's checkpoint service (it writes the last checkpoint).
-    """
-
-    name = "preemption"
-
-    def __init__(self, signals: tuple[int, ...], checkpoints: CheckpointService):
-        self.checkpoints = checkpoints
-        self.signals = SignalRecorder(signals)
-
-    @property
-    def received(self) -> int | None:
-        """The preemption signal that arrived, or None."""
-        return self.signals.received
-
-    def before_call(self, run: TrainingRun) -> None:
-        if self.received is not None:
-            self._stop(run)
-
-    def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
-        # At an epoch's last step the epoch ends first; its checkpoint is the last one.
-        if self.received is not None and run.progress.step_in_epoch != run.epoch_steps:
-            self._stop(run)
-
-    def end_epoch(self, run: TrainingRun, logs: dict[str, Any]) -> None:
-        if self.received is not None:
-            self._stop(run, saved=True)
-
-    def _stop(self, run: TrainingRun, saved: bool = False) -> None:
-        path = self.checkpoints.checkpointer.latest if saved else self.checkpoints.save(run)
-        path = path or self.checkpoints.checkpointer.latest
-        raise preempted_error(run, self.received, path, signal.Signals(self.received).name)
-
-    def close(self) -> None:
-        self.signals.restore()

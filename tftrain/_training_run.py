@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -21,16 +19,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from tftrain import _hooks, _inputs, _loops, summaries, timing
+from tftrain import _hooks, _inputs, _loops, distribute, summaries, timing
 from tftrain import checkpoint as checkpoint_lib
+from tftrain._checkpoint_services import BestCheckpointService, CheckpointService, PreemptionService
 from tftrain._multiworker_preemption import multiworker_preemption
+from tftrain._run_options import RunOptions
 from tftrain._services import (
-    BestCheckpointService,
-    CheckpointService,
     NonFiniteGuard,
     NonFiniteLossError,
     PreemptedError,
-    PreemptionService,
     ProfilerService,
     Service,
     StepBudget,
@@ -38,101 +35,28 @@ from tftrain._services import (
     TimingService,
 )
 from tftrain._step_summaries import InStepSummaries, InStepSummaryService
-from tftrain._validation import check_int
 from tftrain._writer_lock import WriterLock
 
 __all__ = ["NonFiniteLossError", "PreemptedError", "RunOptions", "TrainingRun", "run_pass", "start_run"]
 
 
 @dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """What a `Trainer.fit` writes and guards around its steps (see `Trainer` for each field).
+class _RunPlace:
+    """Where a run happens: this process's role, and whether other worker processes take part."""
 
-    Validated on construction, without touching the filesystem: `model_dir`
-    must not be a file and must be creatable; it is created when a run starts.
+    worker: tuple[bool, str] = (True, "chief")  # (is_chief, name): `tftrain.distribute.worker_role`
+    single_process: bool = True
+    cluster_resolver: Any = None  # multi-worker runs agree on a preemption step through it
 
-    Raises:
-        TypeError, ValueError: a bad value, or an option that needs `model_dir` without it.
-    """
-
-    model_dir: str | None = None
-    checkpoint_every_steps: int | None = None
-    max_to_keep: int = 5
-    summary_every_steps: int | None = None
-    profile_steps: tuple[int, int] | None = None
-    terminate_on_nan: bool = True
-    preemption_signals: tuple[int, ...] = (signal.SIGTERM,)
-    best_checkpoint_monitor: str | None = None
-    best_checkpoint_mode: str = "auto"
-    resume_from: str | None = None
-
-    def __post_init__(self):
-        summaries.check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
-        summaries.check_every_steps(self.summary_every_steps, "summary_every_steps")
-        check_int("max_to_keep", self.max_to_keep)
-        if not isinstance(self.terminate_on_nan, bool):
-            raise TypeError(
-                "Invalid value for argument `terminate_on_nan`. Received: "
-                f"terminate_on_nan={self.terminate_on_nan!r}. Expected True or False."
-            )
-        object.__setattr__(self, "profile_steps", summaries.check_profile_steps(self.profile_steps))
-        object.__setattr__(self, "preemption_signals", _check_signals(self.preemption_signals))
-        monitor = self.best_checkpoint_monitor
-        if monitor is not None and (not isinstance(monitor, str) or not monitor):
-            raise ValueError(
-                f"Invalid value for argument `best_checkpoint_monitor`. Received: best_checkpoint_monitor="
-                f"{monitor!r}. Expected the name of a log, e.g. 'val_loss', or None."
-            )
-        if self.best_checkpoint_mode not in ("auto", "min", "max"):
-            raise ValueError(
-                "Invalid value for argument `best_checkpoint_mode`. Received: best_checkpoint_mode="
-                f"{self.best_checkpoint_mode!r}. Expected 'auto', 'min' or 'max'."
-            )
-        if self.model_dir is None:
-            for name in (
-                "checkpoint_every_steps",
-                "summary_every_steps",
-                "profile_steps",
-                "best_checkpoint_monitor",
-                "resume_from",
-            ):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"Invalid combination of arguments. Received: {name}={getattr(self, name)!r} with "
-                        "model_dir=None. Expected a `model_dir` to write checkpoints, summaries and "
-                        "profiles to."
-                    )
-        else:
-            directory = checkpoint_lib.check_directory_path(self.model_dir, "model_dir")
-            object.__setattr__(self, "model_dir", directory)
-        if self.resume_from is not None:
-            if not isinstance(self.resume_from, (str, os.PathLike)) or not str(self.resume_from):
-                raise ValueError(
-                    f"Invalid value for argument `resume_from`. Received: resume_from={self.resume_from!r}. "
-                    "Expected a checkpoint path (e.g. 'run1/checkpoints/ckpt-3000') or a directory of "
-                    "checkpoints."
-                )
-            object.__setattr__(self, "resume_from", os.fspath(self.resume_from))
-
-
-def _check_signals(value: Any) -> tuple[int, ...]:
-    """`preemption_signals` as a tuple of signal numbers (names like "SIGUSR1" accepted)."""
-    if value is None:
-        return ()
-    items = (value,) if isinstance(value, (str, int)) else tuple(value)
-    numbers = []
-    for item in items:
-        try:
-            numbers.append(int(signal.Signals[item] if isinstance(item, str) else signal.Signals(item)))
-        except (KeyError, ValueError, TypeError):
-            valid = ", ".join(
-                sorted(s.name for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2))
-            )
-            raise ValueError(
-                f"Invalid value for argument `preemption_signals`. Received: preemption_signals={value!r}. "
-                f"Expected signals (numbers or names such as {valid}), or () to keep the default handlers."
-            ) from None
-    return tuple(numbers)
+    @classmethod
+    def of(cls, strategy: tf.distribute.Strategy | None) -> _RunPlace:
+        if strategy is None:
+            return cls()
+        return cls(
+            distribute.worker_role(strategy),
+            distribute.num_workers(strategy) == 1,
+            getattr(strategy, "cluster_resolver", None),
+        )
 
 
 def report_resume(message: str, verbose: int) -> None:
@@ -152,13 +76,11 @@ def start_run(
     timer: timing.StepTimer | None,
     trace_counter: timing.TraceCounter,
     verbose: int = 1,
-    worker: tuple[bool, str] = (True, "chief"),
-    single_process: bool = True,
+    strategy: tf.distribute.Strategy | None = None,
     total_steps: int | None = None,
     extra_services: tuple[Service, ...] = (),
     global_step: tf.Variable | None = None,
     in_step_summaries: Callable[[], InStepSummaries | None] | None = None,
-    cluster_resolver: Any = None,
 ) -> TrainingRun:
     """Sets up one `fit`: builds its services and restores the latest checkpoint.
 
@@ -171,19 +93,18 @@ def start_run(
         timer: The step timer (restored from the checkpoint), or None.
         trace_counter: The training step's trace counter.
         verbose: Print where a resumed run starts (it is logged either way).
-        worker: `(is_chief, name)` of this process in a multi-worker run
-            (`tftrain.distribute.worker_role`). Only the chief writes to
-            `model_dir`; another worker restores the chief's checkpoints and
-            saves its own copies (every worker must take part in a save) to
-            `model_dir/workers/<name>`, removed when the run ends.
+        strategy: The run's strategy (None: one process). In a multi-worker
+            run only the chief writes to `model_dir`; another worker restores
+            the chief's checkpoints and saves its own copies (every worker
+            must take part in a save) to `model_dir/workers/<name>`, removed
+            when the run ends, and a preemption signal that reaches any worker
+            makes all of them save at one step and stop
+            (`tftrain._multiworker_preemption`).
         extra_services: More services, run after the NaN guard and the step
             budget and before the summaries and checkpoints (e.g. a periodic
             validation, whose logs the summaries write).
         total_steps: End the run after this many training steps in all (a
             resumed run trains up to it); None: the epochs decide.
-        single_process: Whether the run has one worker process. With
-            several, a preemption signal that reaches any worker makes all of
-            them save at one step and stop (`tftrain._multiworker_preemption`).
         global_step: The run's global step variable (the training loop
             increments it before each step): set to 0, or restored from the
             checkpoint, and saved with every checkpoint. None: counted on
@@ -191,8 +112,6 @@ def start_run(
         in_step_summaries: Returns the writer and cadence for `tf.summary`
             calls inside the training step, or None (called once `model_dir`
             is this run's: the writer creates `model_dir/train`).
-        cluster_resolver: The strategy's cluster resolver (multi-worker
-            runs: the workers agree on the step to save through it).
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -203,6 +122,7 @@ def start_run(
             built to restore it.
         tftrain.checkpoint.CheckpointError: the checkpoint cannot be used.
     """
+    place = _RunPlace.of(strategy)
     if global_step is not None:
         global_step.assign(0)  # a run without a checkpoint starts at 0, as its Progress does
     planned_steps = epochs * plan.steps if plan.steps is not None else None
@@ -218,7 +138,7 @@ def start_run(
     progress = checkpoint_lib.Progress()
     if options.model_dir is not None:
         model_dir = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
-        chief, _ = worker
+        chief, _ = place.worker
         # The chief is the writer: one per model_dir, held before anything there is touched.
         lock = WriterLock(model_dir) if chief else None
         try:
@@ -232,11 +152,9 @@ def start_run(
                 timing_service,
                 services,
                 model_dir,
-                worker,
+                place,
                 verbose,
-                single_process,
                 global_step,
-                cluster_resolver,
             )
         except BaseException:
             if lock is not None:
@@ -268,14 +186,12 @@ def _model_dir_services(
     timing_service: TimingService,
     services: list[Service],
     model_dir: str,
-    worker: tuple[bool, str],
+    place: _RunPlace,
     verbose: int,
-    single_process: bool,
     global_step: tf.Variable | None,
-    cluster_resolver: Any = None,
 ) -> tuple[checkpoint_lib.Checkpointer, checkpoint_lib.Progress]:
     """Restores the latest checkpoint and appends the services that write to `model_dir`."""
-    chief, worker_name = worker
+    chief, worker_name = place.worker
     progress = checkpoint_lib.Progress()
     checkpoints = f"{model_dir}/checkpoints"
     scratch_dir = None if chief else f"{model_dir}/workers/{worker_name}"
@@ -342,11 +258,11 @@ def _model_dir_services(
         services.append(best)
     checkpoint_service = CheckpointService(checkpointer, options.checkpoint_every_steps, timer, scratch_dir)
     services.append(checkpoint_service)
-    if options.preemption_signals and single_process:
+    if options.preemption_signals and place.single_process:
         services.append(PreemptionService(options.preemption_signals, checkpoint_service))
     elif options.preemption_signals:
         preemption = multiworker_preemption(
-            options.preemption_signals, checkpoint_service, cluster_resolver, worker
+            options.preemption_signals, checkpoint_service, place.cluster_resolver, place.worker
         )
         if preemption is not None:
             services.append(preemption)

@@ -81,7 +81,8 @@ class TrainingSummaries:
         """Writes scalars to a run at a step."""
         if not values:
             return
-        with tf.init_scope(), self.writer(run).as_default(step=step):
+        # record_if(True): a fit's condition for summaries inside the training step does not apply here.
+        with tf.init_scope(), self.writer(run).as_default(step=step), tf.summary.record_if(True):
             for name, value in values.items():
                 tf.summary.scalar(name, value)
 
