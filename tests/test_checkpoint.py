@@ -9,6 +9,7 @@ covered by test_trainer_resume.py.)
 """
 
 import glob
+import json
 import os
 import re
 import warnings
@@ -21,6 +22,7 @@ from helpers import compile_args, make_mlp
 from tensorflow.python.framework import config as tf_config
 
 import tftrain
+from tftrain import _data_checkpoint
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.checkpoint import (
     Checkpointer,
@@ -348,6 +350,17 @@ def shuffled_dataset():
     return dataset.shuffle(40, seed=1, reshuffle_each_iteration=True).batch(8)
 
 
+def cached_dataset():
+    """The 40 examples in order, batched and cached: every pass reads the same batches."""
+    return tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).cache()
+
+
+def cached_shuffled_dataset():
+    """A cache reshuffled each pass (seeded): tf.data cannot save its iterator symbolically."""
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y)).cache()
+    return dataset.shuffle(40, seed=1, reshuffle_each_iteration=True).batch(8)
+
+
 def repeated_dataset():
     """The shuffled dataset repeated: with `steps_per_epoch`, one iterator runs across epochs."""
     return shuffled_dataset().repeat()
@@ -442,8 +455,12 @@ def test_resume_at_an_epoch_boundary_matches_an_uninterrupted_run(tmp_path, unin
         (shuffled_dataset, None, {}, 2, 7),
         # 4 steps an epoch on one iterator, 2 steps a host call: saves at 3, 4, 6; crash at 8.
         (repeated_dataset, 4, dict(steps_per_loop=2), 3, 8),
+        # A cache read in a fixed order: no iterator in the checkpoint, the resume skips batches.
+        (cached_dataset, None, {}, 2, 7),
+        # A cache reshuffled each pass: the iterator is saved with its buffers.
+        (cached_shuffled_dataset, None, {}, 2, 7),
     ],
-    ids=["finite_data", "repeated_data_steps_per_loop_2"],
+    ids=["finite_data", "repeated_data_steps_per_loop_2", "cached_data", "cached_shuffled_data"],
 )
 def test_resume_mid_epoch_matches_an_uninterrupted_run(
     tmp_path, uninterrupted, recwarn, make_data, steps_per_epoch, engine, every, stop_at
@@ -669,3 +686,49 @@ def test_resume_from_refuses_what_it_cannot_use_before_any_step(tmp_path):
         trainer.fit(shuffled_dataset(), verbose=0)
     for got, expected in zip(model.get_weights(), before, strict=True):
         np.testing.assert_array_equal(got, expected)  # nothing partly restored
+
+
+# ------------------------------------------------ how checkpoints keep the data position
+
+
+@pytest.mark.parametrize(
+    "make_data, mode, iterator_saved",
+    [
+        (shuffled_dataset, "symbolic", True),
+        (cached_dataset, "position", False),
+        (cached_shuffled_dataset, "full", True),
+    ],
+    ids=["shuffled", "cached", "cached_shuffled"],
+)
+def test_the_data_position_is_checkpointed_the_cheapest_exact_way(tmp_path, make_data, mode, iterator_saved):
+    fit(tmp_path, make_data, 1)
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")))
+    assert bool(reader.get_tensor("iterator_saved/.ATTRIBUTES/VARIABLE_VALUE")) is iterator_saved
+    states = json.loads(reader.get_tensor("timing/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert states["data"] == {"checkpoint": mode}
+
+
+def test_a_large_cache_is_not_written_into_each_checkpoint(tmp_path):
+    x = np.zeros((4096, 256), "float32")  # a 4 MB cache
+    y = np.zeros((4096,), "int32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).cache()
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(3)])
+    trainer = tftrain.Trainer(model, "sgd", "sparse_categorical_crossentropy", model_dir=str(tmp_path))
+    trainer.fit(data, verbose=0)
+    files = glob.glob(str(tmp_path / "checkpoints" / "ckpt-64.*"))
+    assert sum(os.path.getsize(f) for f in files) < 200_000  # the weights, not the 4 MB cache
+
+
+def test_a_checkpoint_from_before_data_modes_resumes_its_iterator_exactly(
+    tmp_path, uninterrupted, monkeypatch
+):
+    # Written as tftrain wrote checkpoints before: the iterator with its buffers, no "data" state.
+    reference = uninterrupted(shuffled_dataset, 3)
+    monkeypatch.setattr(_data_checkpoint, "prepare", lambda dataset, saved: ("full", dataset))
+    monkeypatch.setattr(_data_checkpoint.DataCheckpointService, "state_dict", lambda self: None)
+    with pytest.raises(Crash):
+        fit(tmp_path, shuffled_dataset, 3, stop_at=7, checkpoint_every_steps=2)
+    monkeypatch.undo()
+    resumed, probe = fit(tmp_path, shuffled_dataset, 3, checkpoint_every_steps=2)
+    assert probe.start_step == 6
+    assert_same_run(resumed, reference, epochs_run=2)

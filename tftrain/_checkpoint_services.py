@@ -30,6 +30,8 @@ class CheckpointService(Service):
         every_steps: Also save every this many steps (None: epoch ends only).
         timer: The step timer that records save times, or None.
         scratch_dir: A non-chief worker's own checkpoint directory, removed at `close`.
+        save_iterator: Save the data iterator's state (False: the position
+            is kept as a batch count alone, for a pipeline read in a fixed order).
     """
 
     name = "checkpoint"
@@ -40,8 +42,11 @@ class CheckpointService(Service):
         every_steps: int | None,
         timer: timing.StepTimer | None,
         scratch_dir: str | None = None,
+        *,
+        save_iterator: bool = True,
     ):
         self.checkpointer = checkpointer
+        self.save_iterator = save_iterator
         self.every_steps = every_steps
         self.timer = timer
         self.scratch_dir = scratch_dir
@@ -73,7 +78,12 @@ class CheckpointService(Service):
         iterator = run.plan.next_iterator()
         progress.batches_in_pass = run.plan.batches_in_pass(progress.step_in_epoch)
         start = time.perf_counter()
-        path = self.checkpointer.save(progress, iterator, run.service_states(), number=progress.global_step)
+        path = self.checkpointer.save(
+            progress,
+            iterator if self.save_iterator else None,
+            run.service_states(),
+            number=progress.global_step,
+        )
         if self.timer is not None:
             self.timer.record_checkpoint_save(time.perf_counter() - start)
         self._saved_at_step = progress.global_step

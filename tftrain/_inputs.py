@@ -338,6 +338,11 @@ class EpochPlan:
             return None
         return self._batches_per_pass - self._seen_in_pass - steps_this_epoch
 
+    @property
+    def plain_iterators(self) -> bool:
+        """Whether the iterators are `tf.data` iterators of `dataset` (not distributed ones)."""
+        return self._make_iterator is iter
+
     def begin_epoch(self) -> Iterator[Any]:
         """Starts an epoch (a PyDataset's `on_epoch_begin`); returns the iterator it reads from."""
         if self.data.adapter is not None and not self._in_epoch:

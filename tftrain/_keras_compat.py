@@ -224,6 +224,22 @@ def trackable_object_graph() -> Any:
     return proto()
 
 
+def dataset_graph_nodes(dataset: tf.data.Dataset) -> list[Any]:
+    """The nodes (`NodeDef`s) of a `tf.data` pipeline's graph, its functions' bodies (map, filter, ...) included.
+
+    tf.data has no public view of a pipeline's transformations; tftrain reads
+    them to choose how a checkpoint keeps the pipeline's position (which ops
+    can be saved symbolically, and whether every pass reads the same order).
+    """
+    serialize = _method(dataset, "_as_serialized_graph", "choosing how to checkpoint the data position")
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(serialize().numpy())
+    nodes = list(graph.node)
+    for function in graph.library.function:
+        nodes.extend(function.node_def)
+    return nodes
+
+
 # ------------------------------------------------------------------ multi-worker preemption
 
 _PREEMPTION = "checkpointing all workers on preemption"

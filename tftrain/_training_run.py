@@ -19,9 +19,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from tftrain import _hooks, _inputs, _loops, distribute, summaries, timing
+from tftrain import _data_checkpoint, _hooks, _inputs, _loops, distribute, summaries, timing
 from tftrain import checkpoint as checkpoint_lib
 from tftrain._checkpoint_services import BestCheckpointService, CheckpointService, PreemptionService
+from tftrain._data_checkpoint import DataCheckpointService
 from tftrain._multiworker_preemption import multiworker_preemption
 from tftrain._run_options import RunOptions
 from tftrain._services import (
@@ -208,6 +209,9 @@ def _model_dir_services(
             "do not exist to be restored. Expected a built model: call it once on a batch, or "
             "`model.build(input_shape)`, before `fit`."
         )
+    data_mode = _prepare_data_checkpoint(plan, checkpointer, options.resume_from)
+    if data_mode is not None:
+        services.append(DataCheckpointService(data_mode))
     restored = checkpointer.restore_latest(plan.next_iterator())
     source = checkpointer.latest
     if restored is None and options.resume_from is not None:  # model_dir's own checkpoints win
@@ -256,7 +260,13 @@ def _model_dir_services(
         if "best_checkpoint" in checkpointer.service_states:
             best.load_state_dict(checkpointer.service_states["best_checkpoint"])
         services.append(best)
-    checkpoint_service = CheckpointService(checkpointer, options.checkpoint_every_steps, timer, scratch_dir)
+    checkpoint_service = CheckpointService(
+        checkpointer,
+        options.checkpoint_every_steps,
+        timer,
+        scratch_dir,
+        save_iterator=data_mode != _data_checkpoint.POSITION,
+    )
     services.append(checkpoint_service)
     if options.preemption_signals and place.single_process:
         services.append(PreemptionService(options.preemption_signals, checkpoint_service))
@@ -267,6 +277,23 @@ def _model_dir_services(
         if preemption is not None:
             services.append(preemption)
     return checkpointer, progress
+
+
+def _prepare_data_checkpoint(
+    plan: _inputs.EpochPlan, checkpointer: checkpoint_lib.Checkpointer, resume_from: str | None
+) -> str | None:
+    """Chooses how checkpoints keep the data position (that of the checkpoint to resume, if any).
+
+    Returns the mode, or None where the iterators are distributed (never saved).
+    """
+    if not plan.plain_iterators:
+        return None
+    states = checkpointer.read_service_states()
+    if checkpointer.latest is None and resume_from is not None:
+        path, _ = checkpoint_lib.open_checkpoint(resume_from, "resume_from")
+        states = checkpointer.read_service_states(path)
+    mode, plan.dataset = _data_checkpoint.prepare(plan.dataset, _data_checkpoint.saved_mode(states))
+    return mode
 
 
 class TrainingRun:

@@ -373,12 +373,26 @@ class Checkpointer:
         self._root.save_counter.assign(state_root.save_counter)
         progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
         self.iterator_restored = restore_iterator
-        saved = self._service_states.numpy().decode()
-        states = json.loads(saved) if saved else {}
-        if "timer" in states:  # a checkpoint written before services kept state: the timer's alone
-            states = {"timing": states}
-        self.service_states = states
+        self.service_states = _parse_service_states(self._service_states.numpy())
         return progress
+
+    def read_service_states(self, path: str | None = None) -> dict[str, Any] | None:
+        """The services' states saved in a checkpoint, read without restoring anything.
+
+        Args:
+            path: A checkpoint path prefix; None: the latest checkpoint.
+
+        Returns:
+            The states by service name; None if there is no checkpoint or it cannot be read.
+        """
+        path = path if path is not None else self.latest
+        if path is None:
+            return None
+        try:
+            reader = tf.train.load_checkpoint(path)
+            return _parse_service_states(reader.get_tensor("timing" + VARIABLE_SUFFIX))
+        except (tf.errors.OpError, ValueError):
+            return None
 
     def _drop_newer(self, good: str, damaged: list[str]) -> None:
         """Makes `good` the latest checkpoint; renames the damaged files aside."""
@@ -533,3 +547,12 @@ def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:
         read_all_tensors(reader)
     except tf.errors.OpError as error:
         raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+
+
+def _parse_service_states(saved: bytes) -> dict[str, Any]:
+    """The services' states from a checkpoint's JSON string."""
+    text = saved.decode() if isinstance(saved, bytes) else str(saved)
+    states = json.loads(text) if text else {}
+    if "timer" in states:  # a checkpoint written before services kept state: the timer's alone
+        states = {"timing": states}
+    return states
