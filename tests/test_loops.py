@@ -48,11 +48,20 @@ def loop_options(request):
 # ------------------------------------------------------------------ EngineOptions
 
 
-@pytest.mark.parametrize("steps", [0, -1, 1.5, True, "3", None])
-def test_steps_per_loop_must_be_a_positive_int(steps):
+@pytest.mark.parametrize("steps", [0, -1, 1.5, True, "3", None, "AUTO"])
+def test_steps_per_loop_must_be_a_positive_int_or_auto(steps):
     with pytest.raises(ValueError, match="steps_per_loop") as info:
         _loops.EngineOptions(steps_per_loop=steps)
     assert repr(steps) in str(info.value)
+    assert '"auto"' in str(info.value)
+
+
+def test_auto_steps_per_loop_runs_the_graph_loop_and_is_one_step_eagerly():
+    auto = _loops.EngineOptions(steps_per_loop="auto")
+    assert auto.auto and auto.in_graph_loop and auto.name == "graph+auto"
+    assert _loops.EngineOptions(jit_compile=True, steps_per_loop="auto").name == "xla+auto"
+    eager = _loops.EngineOptions(use_tf_function=False, steps_per_loop="auto")
+    assert not eager.auto and not eager.in_graph_loop and eager.fixed_steps == 1 and eager.name == "eager"
 
 
 def test_jit_compile_needs_tf_function():

@@ -268,7 +268,7 @@ def test_verbose_prints_progress_and_timing(tiny_dataset, capsys):
     Trainer(make_mlp(), **compile_args()).fit(tiny_dataset, epochs=1, verbose=1)
     out = capsys.readouterr().out
     assert "7/7" in out
-    assert "tftrain timing (graph)" in out and "step time median" in out
+    assert "tftrain timing (graph+auto)" in out and "step time median" in out
 
 
 def test_timing_report_after_fit(tiny_dataset):

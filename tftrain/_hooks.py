@@ -34,6 +34,23 @@ def batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str):
     return getattr(callback_list, f"on_{kind}_batch_begin"), getattr(callback_list, f"on_{kind}_batch_end")
 
 
+def relies_on_batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str) -> bool:
+    """Whether a callback other than Keras's progress bar and History implements `kind`'s batch hooks.
+
+    Such a callback (a user's, or Keras's TensorBoard, ModelCheckpoint with
+    `save_freq=N`, TerminateOnNaN, ...) may count on one hook call per step,
+    so `steps_per_loop="auto"` keeps one step per host call for it.
+    """
+    base = keras.callbacks.Callback
+    per_call = (keras.callbacks.History, keras.callbacks.ProgbarLogger)
+    return any(
+        getattr(getattr(cb, name), "__func__", None) is not getattr(base, name)
+        for cb in callback_list.callbacks
+        if not isinstance(cb, per_call)
+        for name in _BATCH_HOOKS[kind]
+    )
+
+
 def _no_hook(batch: int, logs: Any = None) -> None:
     del batch, logs
 

@@ -112,7 +112,7 @@ class InferenceMixin:
             plan,
             self._loop("eval"),
             *_hooks.batch_hooks(callback_list, "test"),
-            steps_per_loop=self.options.steps_per_loop,
+            steps_per_loop=self._steps_per_call("eval", callback_list),
             should_stop=lambda: getattr(self.model, "stop_evaluating", False),
         )
         results = _keras_compat.pythonify_logs(self._final_logs(logs, "eval_step"))
@@ -163,7 +163,7 @@ class InferenceMixin:
             self._loop("predict"),
             begin_hook,
             on_batch_end,
-            steps_per_loop=self.options.steps_per_loop,
+            steps_per_loop=self._steps_per_call("predict", callback_list),
             should_stop=lambda: getattr(self.model, "stop_predicting", False),
         )
         callback_list.on_predict_end()

@@ -33,11 +33,13 @@ class EngineOptions:
         steps_per_loop: Steps per host call. Above 1 (with `use_tf_function`),
             a `tf.while_loop` inside one `tf.function` pulls batches from the
             iterator, so the host is visited once per `steps_per_loop` steps.
+            `"auto"`: the same loop, with k chosen from measured call times
+            (`tftrain._auto_steps`).
     """
 
     use_tf_function: bool = True
     jit_compile: bool = False
-    steps_per_loop: int = 1
+    steps_per_loop: int | str = 1
 
     def __post_init__(self):
         for name in ("use_tf_function", "jit_compile"):
@@ -47,11 +49,12 @@ class EngineOptions:
                     f"Invalid value for argument `{name}`. Received: {name}={value!r} "
                     f"(type {type(value).__name__}). Expected True or False."
                 )
-        check_int(
-            "steps_per_loop",
-            self.steps_per_loop,
-            meaning="(1 = one step per host call; e.g. 20 runs 20 steps per call inside one tf.function)",
-        )
+        if self.steps_per_loop != "auto":
+            check_int(
+                "steps_per_loop",
+                self.steps_per_loop,
+                meaning='(1 = one step per host call; e.g. 20 runs 20 steps per call inside one tf.function), or "auto"',
+            )
         if self.jit_compile and not self.use_tf_function:
             raise ValueError(
                 "Invalid combination of arguments. Received: jit_compile=True with "
@@ -66,9 +69,26 @@ class EngineOptions:
             base = "eager"
         else:
             base = "xla" if self.jit_compile else "graph"
-        if self.steps_per_loop > 1:
+        if self.auto:
+            base += "+auto"
+        elif self.fixed_steps > 1:
             base += f"+loop{self.steps_per_loop}"
         return base
+
+    @property
+    def auto(self) -> bool:
+        """Whether k is chosen from measured call times (`steps_per_loop="auto"` under `tf.function`)."""
+        return self.steps_per_loop == "auto" and self.use_tf_function
+
+    @property
+    def fixed_steps(self) -> int:
+        """k where it is fixed: `steps_per_loop`, or 1 for `"auto"` without `tf.function` (eager)."""
+        return 1 if self.steps_per_loop == "auto" else self.steps_per_loop
+
+    @property
+    def in_graph_loop(self) -> bool:
+        """Whether a host call runs its steps in one `tf.function` (a `tf.while_loop` over the iterator)."""
+        return self.use_tf_function and (self.auto or self.fixed_steps > 1)
 
 
 def _reduce_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
@@ -428,7 +448,7 @@ def make_loop(
     """
     strategy = strategy or tf.distribute.get_strategy()
     counter = timing.TraceCounter(name)
-    in_graph = options.use_tf_function and options.steps_per_loop > 1
+    in_graph = options.in_graph_loop
     step_fn = _keras_batch(step_fn)
 
     # Without a strategy, `strategy.run` only adds host work (autograph

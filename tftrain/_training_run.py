@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tftrain import _data_checkpoint, _hooks, _inputs, _loops, distribute, summaries, timing
 from tftrain import checkpoint as checkpoint_lib
+from tftrain._auto_steps import StepsPerCall
 from tftrain._checkpoint_services import BestCheckpointService, CheckpointService, PreemptionService
 from tftrain._data_checkpoint import DataCheckpointService
 from tftrain._multiworker_preemption import multiworker_preemption
@@ -395,7 +396,7 @@ def run_pass(
     on_batch_begin: Callable[..., Any],
     on_batch_end: Callable[..., Any],
     *,
-    steps_per_loop: int,
+    steps_per_loop: int | StepsPerCall,
     timer: timing.StepTimer | None = None,
     run: TrainingRun | None = None,
     should_stop: Callable[[], bool] = lambda: False,
@@ -405,9 +406,14 @@ def run_pass(
     With a `run` (training), the epoch starts at the run's step in the
     epoch (after a resume) and host calls end at checkpoint and profiler
     edges. `should_stop()` is asked after each call (e.g. `model.stop_training`).
+    `steps_per_loop` is a fixed k or a `StepsPerCall` (`"auto"`), which is
+    told how long each call took, hooks and services included.
     Every `on_batch_begin` is matched by an `on_batch_end`: where no count
     says where the data ends, the next batch is fetched before the hook.
     """
+    steps_per_call = (
+        steps_per_loop if isinstance(steps_per_loop, StepsPerCall) else StepsPerCall(steps_per_loop)
+    )
     target = plan.steps
     step = run.progress.step_in_epoch if run is not None else 0
     logs, data_ended = None, False
@@ -416,7 +422,8 @@ def run_pass(
         while target is None or step < target:
             if run is not None and run.finished:
                 break
-            wanted = steps_per_loop
+            call_start = time.perf_counter()
+            wanted = steps_per_call.next()
             if target is not None:
                 wanted = min(wanted, target - step)
             left = plan.batches_left(step)
@@ -442,17 +449,17 @@ def run_pass(
                 timer.exclude(time.perf_counter() - hook_start)
             traces_before = step_loop.trace_counter.count
             result = step_loop(iterator, wanted, first)
+            traced = step_loop.trace_counter.count != traces_before
             if timer is not None:
                 _hooks.block_until_ready(result.logs)
-                timer.end_call(
-                    result.steps, result.examples, traced=step_loop.trace_counter.count != traces_before
-                )
+                timer.end_call(result.steps, result.examples, traced=traced)
             if run is not None:
                 run.after_call(result, target)
             if result.steps:
                 step += result.steps
                 logs = result.logs
                 on_batch_end(step - 1, logs)
+            steps_per_call.record(result.steps, time.perf_counter() - call_start, traced)
             if result.steps < wanted:
                 data_ended = True
                 break

@@ -28,6 +28,7 @@ from tftrain import (
     precision,
     timing,
 )
+from tftrain._auto_steps import StepsPerCall
 from tftrain._export import ExportMixin
 from tftrain._inference import InferenceMixin
 from tftrain._services import PeriodicValidation
@@ -75,6 +76,12 @@ class Trainer(InferenceMixin, ExportMixin):
         steps_per_loop: Training steps per host call (a `tf.while_loop` over the
             iterator inside one `tf.function` when above 1). Batch callbacks
             fire once per host call, as with Keras's `steps_per_execution`.
+            `"auto"` (the default): k is chosen from the measured time of
+            the first calls, so that a call's fixed overhead is at most 2%
+            of it (up to 200 steps, calls of at most 0.5 s); while a
+            callback implements batch hooks (other than Keras's progress bar
+            and History), each call runs one step, as under `model.fit`.
+            Without `tf.function`, "auto" is one step per call.
         strategy: The `tf.distribute.Strategy` to run under; None means the
             model's (`model.distribute_strategy`: the one whose scope built
             it, else the current one), as `model.fit` decides. An optimizer
@@ -138,7 +145,7 @@ class Trainer(InferenceMixin, ExportMixin):
         *,
         use_tf_function: bool = True,
         jit_compile: bool = False,
-        steps_per_loop: int = 1,
+        steps_per_loop: int | str = "auto",
         strategy: tf.distribute.Strategy | None = None,
         measure_timing: bool = True,
         model_dir: str | None = None,
@@ -199,6 +206,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )
         self._in_step_summaries: InStepSummaries | None = None
+        self._auto_steps: dict[str, StepsPerCall] = {}
         self.timing: timing.TimingReport | None = None
         self._loops: dict[str, _loops.StepLoop] = {}
 
@@ -354,6 +362,20 @@ class Trainer(InferenceMixin, ExportMixin):
         if self._overrides(step):
             return dict(logs or {})
         return dict(_keras_compat.metrics_result_or_logs(self.model, logs or {}))
+
+    def _steps_per_call(self, kind: str, callback_list: Any) -> int | StepsPerCall:
+        """Steps per host call in a pass of `kind` ("train", "eval", "predict").
+
+        With `steps_per_loop="auto"`: the Trainer's chooser for `kind` (what
+        it learned is kept across calls), or 1 while a callback implements
+        that kind's batch hooks (it may count on one call per step).
+        """
+        if not self.options.auto:
+            return self.options.fixed_steps
+        hook_kind = {"train": "train", "eval": "test", "predict": "predict"}[kind]
+        if _hooks.relies_on_batch_hooks(callback_list, hook_kind):
+            return 1
+        return self._auto_steps.setdefault(kind, StepsPerCall("auto"))
 
     def _step_summaries_for(self, chief: bool) -> InStepSummaries | None:
         """The writer and cadence of `tf.summary` calls in the training step: the chief's, with `model_dir`.
@@ -563,7 +585,7 @@ class Trainer(InferenceMixin, ExportMixin):
                     plan,
                     train_loop,
                     *_hooks.batch_hooks(callback_list, "train"),
-                    steps_per_loop=self.options.steps_per_loop,
+                    steps_per_loop=self._steps_per_call("train", callback_list),
                     timer=timer if self.measure_timing else None,
                     run=run,
                     should_stop=lambda: self.model.stop_training,

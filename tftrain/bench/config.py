@@ -16,6 +16,7 @@ WORKLOAD_NAMES = ("mlp", "cnn", "linear", "simclr")
 VARIANT_NAMES = (
     "handwritten",
     "graph",
+    "default",
     "trainer_no_timing",
     "graph_no_sync",
     "graph_checkpoint",

@@ -120,6 +120,20 @@ MLP_TARGETS = (
         1.30,
     ),
     Target(
+        "default_vs_keras_fit",
+        'the default Trainer (steps_per_loop="auto") at most 0.5x default keras fit',
+        "default",
+        "keras_fit",
+        0.50,
+    ),
+    Target(
+        "default_vs_graph_loop",
+        'steps_per_loop="auto" within 5% of the fixed k (graph_loop)',
+        "default",
+        "graph_loop",
+        1.05,
+    ),
+    Target(
         "timing_overhead",
         "timing on vs off (graph vs trainer_no_timing) under 2%",
         "graph",
@@ -132,6 +146,13 @@ TARGETS = {
     "mlp": MLP_TARGETS,
     "cnn": (
         Target("graph_vs_keras_fit", "Trainer (graph) no slower than keras fit", "graph", "keras_fit", 1.00),
+        Target(
+            "default_vs_keras_fit",
+            'the default Trainer (steps_per_loop="auto") no slower than default keras fit',
+            "default",
+            "keras_fit",
+            1.00,
+        ),
     ),
     "linear": (),
     "simclr": (),
