@@ -79,11 +79,25 @@ def test_pipelines_said_not_to_save_symbolically_cannot(name, tmp_path):
         (lambda: slices().map(lambda v: v + 1).batch(6).cache().prefetch(2), True),
         (lambda: slices().shuffle(60, seed=1).batch(6).cache(), False),
         (lambda: slices().map(lambda v: v + tf.random.uniform(())).batch(6).cache(), False),
-        (lambda: slices().map(lambda v: tf.py_function(lambda t: t, [v], tf.float32)).batch(6).cache(), False),
-        (lambda: slices().map(lambda v: v, num_parallel_calls=2, deterministic=False).batch(6).cache(), False),
+        (
+            lambda: slices().map(lambda v: tf.py_function(lambda t: t, [v], tf.float32)).batch(6).cache(),
+            False,
+        ),
+        (
+            lambda: slices().map(lambda v: v, num_parallel_calls=2, deterministic=False).batch(6).cache(),
+            False,
+        ),
         (UNSUPPORTED["generator"], False),
     ],
-    ids=["cache", "map_cache", "shuffle_cache", "random_map", "py_function", "nondeterministic_map", "generator"],
+    ids=[
+        "cache",
+        "map_cache",
+        "shuffle_cache",
+        "random_map",
+        "py_function",
+        "nondeterministic_map",
+        "generator",
+    ],
 )
 def test_a_fixed_order_is_recognised_conservatively(make, fixed):
     dataset = make()
