@@ -55,7 +55,7 @@ def data(examples=400, batch_size=4):
 
 
 def test_auto_trains_as_one_step_per_call_does_and_chooses_k():
-    one = tftrain.Trainer(make_mlp(), **compile_args())
+    one = tftrain.Trainer(make_mlp(), **compile_args(), steps_per_loop=1)
     one.fit(data(), epochs=1, verbose=0)
     auto = tftrain.Trainer(make_mlp(), **compile_args(), steps_per_loop="auto")
     history = auto.fit(data(), epochs=1, verbose=0)
@@ -63,6 +63,7 @@ def test_auto_trains_as_one_step_per_call_does_and_chooses_k():
     assert history.history.keys() == one.model.history.history.keys()
     chooser = auto._auto_steps["train"]
     assert chooser.chosen is not None and 1 <= chooser.chosen <= _auto_steps.MAX_STEPS
+    assert auto.chosen_steps_per_loop == chooser.chosen and one.chosen_steps_per_loop is None
     assert auto.timing.steps == 100 and auto.timing.trace_count == 1
     # The choice is kept: a second fit runs at the chosen k from its first call.
     auto.fit(data(), epochs=1, verbose=0)
@@ -84,7 +85,7 @@ def test_auto_keeps_one_step_per_call_for_callbacks_that_count_on_batch_hooks():
 
 def test_auto_evaluates_and_predicts_as_one_step_per_call_does():
     trainer = tftrain.Trainer(make_mlp(), **compile_args(), steps_per_loop="auto")
-    reference = tftrain.Trainer(make_mlp(), **compile_args())
+    reference = tftrain.Trainer(make_mlp(), **compile_args(), steps_per_loop=1)
     np.testing.assert_allclose(
         trainer.predict(data(), verbose=0), reference.predict(data(), verbose=0), rtol=1e-6
     )

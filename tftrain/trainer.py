@@ -363,6 +363,12 @@ class Trainer(InferenceMixin, ExportMixin):
             return dict(logs or {})
         return dict(_keras_compat.metrics_result_or_logs(self.model, logs or {}))
 
+    @property
+    def chosen_steps_per_loop(self) -> int | None:
+        """The training steps per host call that `steps_per_loop="auto"` chose (None before it chose, or without "auto")."""
+        chooser = self._auto_steps.get("train")
+        return chooser.chosen if chooser is not None else None
+
     def _steps_per_call(self, kind: str, callback_list: Any) -> int | StepsPerCall:
         """Steps per host call in a pass of `kind` ("train", "eval", "predict").
 

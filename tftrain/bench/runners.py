@@ -184,7 +184,12 @@ def _run_trainer(
         steps_per_epoch=steps,
         final_loss=epoch_timer.last_logs.get("loss"),
         timing=trainer.timing.to_dict() if trainer.timing is not None else None,
-        notes={"engine": trainer.options.name, "measure_timing": trainer.measure_timing, **(notes or {})},
+        notes={
+            "engine": trainer.options.name,
+            "measure_timing": trainer.measure_timing,
+            **({"steps_per_loop_chosen": trainer.chosen_steps_per_loop} if trainer.options.auto else {}),
+            **(notes or {}),
+        },
         model=model,
     )
 
