@@ -212,7 +212,9 @@ def train(
     monitor = ThroughputMonitor(slowdown_factor, verbose=verbose)
     callbacks.append(monitor)  # after Stall, so the stall falls inside the monitor's clock
     if loop == "trainer":
-        tftrain.Trainer(model).fit(
+        # One step per call: the step's own tf.function then meets the partial batch (auto's k-step
+        # loop traces on the iterator's spec and would not retrace, as fit does not).
+        tftrain.Trainer(model, steps_per_loop=1).fit(
             dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0
         )
     elif loop == "fit":

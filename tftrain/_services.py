@@ -226,6 +226,10 @@ class SummaryService(Service):
         self.optimizer = optimizer
         self._trace_written = trace_written
 
+    def next_stop(self, step: int) -> int | None:
+        every = self.writer.every_steps
+        return (step // every + 1) * every if every else None
+
     def after_call(self, run: TrainingRun, result: _loops.LoopResult) -> None:
         self.after_steps(run.progress.global_step - result.steps, run.progress.global_step, result.logs)
 

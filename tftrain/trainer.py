@@ -81,7 +81,8 @@ class Trainer(InferenceMixin, ExportMixin):
             of it (up to 200 steps, calls of at most 0.5 s); while a
             callback implements batch hooks (other than Keras's progress bar
             and History), each call runs one step, as under `model.fit`.
-            Without `tf.function`, "auto" is one step per call.
+            Without `tf.function`, or under several worker processes,
+            "auto" is one step per call.
         strategy: The `tf.distribute.Strategy` to run under; None means the
             model's (`model.distribute_strategy`: the one whose scope built
             it, else the current one), as `model.fit` decides. An optimizer
@@ -374,10 +375,14 @@ class Trainer(InferenceMixin, ExportMixin):
 
         With `steps_per_loop="auto"`: the Trainer's chooser for `kind` (what
         it learned is kept across calls), or 1 while a callback implements
-        that kind's batch hooks (it may count on one call per step).
+        that kind's batch hooks (it may count on one call per step), and 1
+        under several workers (each would measure its own times, and every
+        worker must run the same steps per call).
         """
         if not self.options.auto:
             return self.options.fixed_steps
+        if distribute.num_workers(self.strategy) > 1:
+            return 1
         hook_kind = {"train": "train", "eval": "test", "predict": "predict"}[kind]
         if _hooks.relies_on_batch_hooks(callback_list, hook_kind):
             return 1
