@@ -10,6 +10,7 @@ import sys
 import pytest
 from helpers import TIMING_REPORT_KEYS
 
+from tftrain import _keras_compat
 from tftrain.bench import config, optional, outputs, plot, report, runners, suite, workloads
 
 TIMING_KEYS = TIMING_REPORT_KEYS
@@ -390,6 +391,19 @@ def test_workload_models_and_data():
     assert (workloads.regression_arrays((1000,), 8, seed=1)[1] == y).all()
     pairs, labels = workloads.image_pair_arrays((32, 32, 6), 4, seed=0)
     assert pairs.shape == (4, 32, 32, 6) and labels.shape == (4,)
+
+
+def test_the_shuffled_pipeline_reshuffles_each_pass_and_caches_nothing():
+    x, y = workloads.classifier_arrays((4,), 64, seed=0)
+    shuffled = workloads.make_dataset(x, y, 8, shuffle_buffer=64, seed=1)
+    first, second = ([int(v) for batch in shuffled for v in batch[1]] for _ in range(2))
+    assert sorted(first) == sorted(y.tolist()) and first != second
+    ops = {node.op for node in _keras_compat.dataset_graph_nodes(shuffled)}
+    assert any("Shuffle" in op for op in ops) and not any("Cache" in op for op in ops)
+    cached = workloads.make_dataset(x, y, 8)
+    assert any("Cache" in node.op for node in _keras_compat.dataset_graph_nodes(cached))
+    with pytest.raises(ValueError, match="shuffle_buffer=0"):
+        config.BenchmarkConfig(shuffle_buffer=0)
 
 
 @pytest.fixture(scope="module")
