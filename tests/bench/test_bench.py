@@ -10,6 +10,7 @@ import sys
 import pytest
 from helpers import TIMING_REPORT_KEYS
 
+from tftrain import _keras_compat
 from tftrain.bench import config, optional, outputs, plot, report, runners, suite, workloads
 
 TIMING_KEYS = TIMING_REPORT_KEYS
@@ -364,7 +365,11 @@ def test_targets_edges():
     graph = next(t for t in report.MLP_TARGETS if t.name == "graph_vs_handwritten")
     assert graph.met_by(1.05) and not graph.met_by(1.0501)
     cnn = {(t.variant, t.baseline, t.max_ratio) for t in report.TARGETS["cnn"]}
-    assert cnn == {("graph", "keras_fit", 1.0), ("default", "keras_fit", 1.0)}
+    assert cnn == {
+        ("graph", "keras_fit", 1.0),
+        ("default", "keras_fit", 1.0),
+        ("graph_loop", "keras_fit_spe", 1.0),
+    }
     default = next(t for t in report.MLP_TARGETS if t.name == "default_vs_keras_fit")
     assert (default.variant, default.baseline, default.max_ratio) == ("default", "keras_fit", 0.5)
     missing = report.evaluate_targets({"graph": _runs(1.0)}, report.MLP_TARGETS)
@@ -390,6 +395,19 @@ def test_workload_models_and_data():
     assert (workloads.regression_arrays((1000,), 8, seed=1)[1] == y).all()
     pairs, labels = workloads.image_pair_arrays((32, 32, 6), 4, seed=0)
     assert pairs.shape == (4, 32, 32, 6) and labels.shape == (4,)
+
+
+def test_the_shuffled_pipeline_reshuffles_each_pass_and_caches_nothing():
+    x, y = workloads.classifier_arrays((4,), 64, seed=0)
+    shuffled = workloads.make_dataset(x, y, 8, shuffle_buffer=64, seed=1)
+    first, second = ([int(v) for batch in shuffled for v in batch[1]] for _ in range(2))
+    assert sorted(first) == sorted(y.tolist()) and first != second
+    ops = {node.op for node in _keras_compat.dataset_graph_nodes(shuffled)}
+    assert any("Shuffle" in op for op in ops) and not any("Cache" in op for op in ops)
+    cached = workloads.make_dataset(x, y, 8)
+    assert any("Cache" in node.op for node in _keras_compat.dataset_graph_nodes(cached))
+    with pytest.raises(ValueError, match="shuffle_buffer=0"):
+        config.BenchmarkConfig(shuffle_buffer=0)
 
 
 @pytest.fixture(scope="module")

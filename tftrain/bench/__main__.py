@@ -78,6 +78,12 @@ _NUM_VAL = flags.DEFINE_integer(
     "Validation examples for every chosen workload (default: each workload's own; fewer with --quick).",
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for the synthetic data and the initial weights.")
+_SHUFFLE_BUFFER = flags.DEFINE_integer(
+    "shuffle_buffer",
+    None,
+    "Train on examples reshuffled each pass through a buffer of this many (e.g. 10000), no cache, "
+    "instead of the cached batches.",
+)
 _AUTOTUNE = flags.DEFINE_bool(
     "autotune", False, "Prefetch with tf.data AUTOTUNE (autotuning on) instead of a fixed 2-batch buffer."
 )
@@ -107,6 +113,7 @@ def main(argv: list[str]) -> None:
             simclr_width=_SIMCLR_WIDTH.value,
             seed=_SEED.value,
             autotune=_AUTOTUNE.value,
+            shuffle_buffer=_SHUFFLE_BUFFER.value,
         )
         _check_requested_optional_variants(config)
         outputs.check_outputs(_OUTPUT.value, _PLOT.value)

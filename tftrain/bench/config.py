@@ -126,6 +126,8 @@ class BenchmarkConfig:
             first repetition only).
         autotune: Prefetch with tf.data autotuning instead of a fixed buffer
             (see `workloads.make_dataset`).
+        shuffle_buffer: Train on examples reshuffled each pass through a
+            buffer of this size (no cache) instead of the cached batches.
 
     Raises:
         ValueError: an unknown name or a bad number.
@@ -146,6 +148,7 @@ class BenchmarkConfig:
     seed: int = 0
     validate: bool = True
     autotune: bool = False
+    shuffle_buffer: int | None = None
 
     def __post_init__(self):
         workloads = parse_names(self.workloads, WORKLOAD_NAMES, "workload")
@@ -177,6 +180,7 @@ class BenchmarkConfig:
         _check_int("batch_size", self.batch_size, 1, allow_none=True)
         _check_int("checkpoint_every_steps", self.checkpoint_every_steps, 1, allow_none=True)
         _check_int("seed", self.seed, 0)
+        _check_int("shuffle_buffer", self.shuffle_buffer, 1, allow_none=True)
         if (
             isinstance(self.simclr_width, bool)
             or not isinstance(self.simclr_width, (int, float))

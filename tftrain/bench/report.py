@@ -113,6 +113,13 @@ MLP_TARGETS = (
         0.60,
     ),
     Target(
+        "graph_loop_vs_keras_fit_spe",
+        "Trainer steps_per_loop=k no slower than keras fit at steps_per_execution=k",
+        "graph_loop",
+        "keras_fit_spe",
+        1.00,
+    ),
+    Target(
         "graph_loop_vs_data_only",
         "Trainer steps_per_loop=k at most 1.3x the bare input pipeline",
         "graph_loop",
@@ -146,6 +153,13 @@ TARGETS = {
     "mlp": MLP_TARGETS,
     "cnn": (
         Target("graph_vs_keras_fit", "Trainer (graph) no slower than keras fit", "graph", "keras_fit", 1.00),
+        Target(
+            "graph_loop_vs_keras_fit_spe",
+            "Trainer steps_per_loop=k no slower than keras fit at steps_per_execution=k",
+            "graph_loop",
+            "keras_fit_spe",
+            1.00,
+        ),
         Target(
             "default_vs_keras_fit",
             'the default Trainer (steps_per_loop="auto") no slower than default keras fit',

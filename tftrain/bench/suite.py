@@ -146,6 +146,7 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
             batch_size=config.batch_size,
             seed=config.seed,
             autotune=config.autotune,
+            shuffle_buffer=config.shuffle_buffer,
             model_options=model_options(config, workload),
         )
         variant_results: dict[str, dict[str, Any]] = {}
@@ -184,7 +185,12 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
             "description": workload.description,
             "num_train": num_train,
             "num_val": num_val,
-            "data": workload.data_description,
+            "data": workload.data_description
+            + (
+                f"; reshuffled each pass through a {config.shuffle_buffer:,}-example buffer, no cache"
+                if config.shuffle_buffer
+                else "; batched and cached"
+            ),
             "batch_size": data.batch_size,
             "steps_per_loop": options.steps_per_loop,
             "steps_per_epoch": data.steps_per_epoch,

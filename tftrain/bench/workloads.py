@@ -243,12 +243,21 @@ def image_pair_arrays(
 
 
 def make_dataset(
-    x: np.ndarray, y: np.ndarray, batch_size: int = BATCH_SIZE, *, autotune: bool = False
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int = BATCH_SIZE,
+    *,
+    autotune: bool = False,
+    shuffle_buffer: int | None = None,
+    seed: int = 0,
 ) -> tf.data.Dataset:
     """The input pipeline every variant reads: in-memory tensors, batched, cached, prefetched.
 
     The cache is filled here (one full pass), so no variant pays for filling
-    it and partial passes (eager variants) read a complete cache.
+    it and partial passes (eager variants) read a complete cache. With
+    `shuffle_buffer`, the pipeline is the other common one instead: examples
+    reshuffled each pass through a buffer of that size (seeded), then
+    batched, with no cache.
 
     By default the prefetch buffer is fixed (2 batches) and tf.data
     autotuning is off. On a 2-core machine the autotuner's background thread
@@ -261,19 +270,27 @@ def make_dataset(
         y: Labels.
         batch_size: Batch size (the last batch may be smaller).
         autotune: Use `prefetch(tf.data.AUTOTUNE)` with autotuning on instead.
+        shuffle_buffer: Shuffle examples through a buffer of this size
+            instead of caching the batches.
+        seed: The shuffle's seed.
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)` batches.
     """
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).cache()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    if shuffle_buffer is None:
+        dataset = dataset.batch(batch_size).cache()
+    else:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).batch(batch_size)
     if autotune:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     else:
         options = tf.data.Options()
         options.autotune.enabled = False
         dataset = dataset.prefetch(2).with_options(options)
-    for _ in dataset:
-        pass
+    if shuffle_buffer is None:
+        for _ in dataset:
+            pass
     return dataset
 
 
@@ -325,6 +342,7 @@ def prepare(
     batch_size: int | None = None,
     seed: int = 0,
     autotune: bool = False,
+    shuffle_buffer: int | None = None,
     model_options: dict[str, Any] | None = None,
 ) -> WorkloadData:
     """Builds a workload's data pipelines and initial weights once.
@@ -336,6 +354,8 @@ def prepare(
         batch_size: Batch size; None means the workload's own.
         seed: Seed for data and initial weights.
         autotune: tf.data autotuning for the pipelines (see `make_dataset`).
+        shuffle_buffer: Train on a shuffled pipeline with this buffer
+            instead of the cached one (see `make_dataset`).
         model_options: Keywords for the workload's `build_model`.
 
     Returns:
@@ -357,7 +377,7 @@ def prepare(
     model = workload.build_model(**model_options)
     return WorkloadData(
         workload=workload,
-        train=make_dataset(x, y, batch_size, autotune=autotune),
+        train=make_dataset(x, y, batch_size, autotune=autotune, shuffle_buffer=shuffle_buffer, seed=seed),
         val=make_dataset(val_x, val_y, batch_size, autotune=autotune),
         num_train=num_train,
         num_val=num_val,
