@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+from tftrain import data as data_lib
 from tftrain.examples.simclr import pipeline
 
 
@@ -36,3 +37,26 @@ def test_eval_images_are_deterministic_and_keep_the_last_batch(name):
     np.testing.assert_array_equal(first, again)
     assert first.shape == (8, 16, 16, 3)
     assert sum(len(labels) for _, labels in dataset) == 20
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_eval_leaves_images_of_32_px_or_less_whole(size):
+    # As the reference: no centre crop (and so no upsampling) at CIFAR size and below.
+    dataset = pipeline.build_dataset(
+        "shapes", "test", batch_size=8, image_size=size, is_training=False, num_examples=8
+    )
+    features, _ = next(iter(dataset))
+    images = np.stack(
+        [image for image, _ in data_lib.load("shapes", "test", image_size=size, num_examples=8)]
+    )
+    np.testing.assert_allclose(features.numpy(), images / 255.0, atol=1e-6)
+
+
+def test_eval_centre_crops_images_above_32_px():
+    dataset = pipeline.build_dataset(
+        "shapes", "test", batch_size=4, image_size=40, is_training=False, num_examples=4
+    )
+    features, _ = next(iter(dataset))
+    images = np.stack([image for image, _ in data_lib.load("shapes", "test", image_size=40, num_examples=4)])
+    assert features.shape == (4, 40, 40, 3)
+    assert np.abs(features.numpy() - images / 255.0).max() > 0.1

@@ -7,6 +7,9 @@ import tensorflow as tf
 from tftrain import data as data_lib
 from tftrain.examples.simclr import augment
 
+# Evaluation centre-crops only images larger than this (SimCLR's CIFAR-size images are used whole).
+EVAL_CROP_MIN_SIZE = 32
+
 
 def build_dataset(
     name: str,
@@ -30,7 +33,8 @@ def build_dataset(
         name: A `tftrain.data.load` dataset name.
         split: The split to read.
         batch_size: The global batch size (training batches are all full).
-        image_size: Images are resized (eval: center-cropped) to this size.
+        image_size: Images are resized to this size; eval centre-crops 87.5%
+            first only above 32 px (smaller images are used whole, as in SimCLR).
         is_training: Augment and shuffle; drop a last partial batch.
         train_mode: "pretrain" stacks two augmented views on the channel axis
             (`[B, H, W, 6]`); "finetune" gives one (`[B, H, W, 3]`).
@@ -73,8 +77,13 @@ def build_dataset(
             return tf.concat([augmented(image), augmented(image)], axis=-1), label
         return augmented(image), label
 
+    test_crop = image_size > EVAL_CROP_MIN_SIZE
+
     def eval_features(image, label):
-        return augment.preprocess_image(image, image_size, image_size, is_training=False), label
+        return (
+            augment.preprocess_image(image, image_size, image_size, is_training=False, test_crop=test_crop),
+            label,
+        )
 
     mapped = images.map(
         training_features if is_training else eval_features, num_parallel_calls=tf.data.AUTOTUNE
