@@ -45,7 +45,7 @@ class Config:
     train_batch_size: int = 256
     eval_batch_size: int = 256
     train_epochs: int = 10
-    train_steps: int | None = None
+    train_steps: int = 0
     warmup_epochs: float = 1
     learning_rate: float = 1.0
     learning_rate_scaling: str = "linear"
@@ -104,8 +104,11 @@ class Config:
         for name in ("train_batch_size", "eval_batch_size", "train_epochs", "steps_per_loop", "proj_out_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name}={getattr(self, name)}: expected an integer >= 1.")
-        if self.train_steps is not None and self.train_steps < 1:
-            raise ValueError(f"--train_steps={self.train_steps}: expected an integer >= 1, or unset.")
+        if self.train_steps is not None and self.train_steps < 0:
+            raise ValueError(
+                f"--train_steps={self.train_steps}: expected an integer >= 1, or 0 (the default) to "
+                "train for --train_epochs."
+            )
         if self.width_multiplier <= 0:
             raise ValueError(f"--width_multiplier={self.width_multiplier}: expected a number > 0.")
         if not 0 < self.min_crop_area <= 1:
@@ -125,7 +128,8 @@ class Config:
 def _steps_plan(config: Config, num_train_examples: int) -> tuple[int, int, int]:
     """(steps_per_epoch, epochs, total_steps) for the run.
 
-    With `train_steps`, epochs are made of the largest number of steps that
+    `train_steps` 0 (or None) means: train for `train_epochs`. With
+    `train_steps`, epochs are made of the largest number of steps that
     divides `train_steps` and fits in one pass, so training stops exactly there.
     """
     steps_per_pass = num_train_examples // config.train_batch_size
@@ -134,7 +138,7 @@ def _steps_plan(config: Config, num_train_examples: int) -> tuple[int, int, int]
             f"--train_batch_size={config.train_batch_size} is larger than the {num_train_examples} training "
             "examples. Expected a smaller batch or more examples."
         )
-    if config.train_steps is None:
+    if not config.train_steps:
         return steps_per_pass, config.train_epochs, steps_per_pass * config.train_epochs
     steps_per_epoch = max(
         d for d in range(1, min(steps_per_pass, config.train_steps) + 1) if config.train_steps % d == 0

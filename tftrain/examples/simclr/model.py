@@ -40,8 +40,9 @@ class ProjectionHead(keras.layers.Layer):
         mode: "none" (identity), "linear" (one layer) or "nonlinear" (ReLU between layers).
         out_dim: Size of the last layer's output.
         num_layers: Layers in "nonlinear" mode; the hidden ones keep the input width.
-        ft_proj_selector: Which layer's input the probe (and finetuning) reads:
-            0 is the encoder output, 1 after the first layer, ...
+        ft_proj_selector: Which layer's output the probe (and finetuning)
+            reads: 0 is the encoder output (no projection layer), 1 after the
+            first layer, ..., -1 after the last (as SimCLR's flag).
     """
 
     def __init__(
@@ -61,12 +62,14 @@ class ProjectionHead(keras.layers.Layer):
         self.mode = mode
         self.out_dim = out_dim
         self.num_layers = 0 if mode == "none" else (1 if mode == "linear" else num_layers)
-        if not 0 <= ft_proj_selector <= self.num_layers:
+        if not -1 <= ft_proj_selector <= self.num_layers:
             raise ValueError(
                 f"Invalid value for argument `ft_proj_selector`. Received: {ft_proj_selector}. Expected "
-                f"0..{self.num_layers} (the projection head has {self.num_layers} layers)."
+                f"0..{self.num_layers} (the projection head has {self.num_layers} layers), or -1 for "
+                "the last layer."
             )
-        self.ft_proj_selector = ft_proj_selector
+        # The number of projection layers below the probe's input.
+        self.ft_proj_selector = self.num_layers if ft_proj_selector == -1 else ft_proj_selector
         self.dense_layers: list[keras.layers.Dense] = []
         self.norm_layers: list[keras.layers.BatchNormalization] = []
 
@@ -116,7 +119,8 @@ class SimCLRModel(tftrain.CustomModel):
         proj_head_mode: "none", "linear" or "nonlinear".
         proj_out_dim: The projection's output size.
         num_proj_layers: Layers of a nonlinear projection head.
-        ft_proj_selector: Which projection layer's input feeds the probe.
+        ft_proj_selector: Which projection layer's output feeds the probe
+            (0: the encoder's; -1: the last layer's).
         train_mode: "pretrain" (contrastive) or "finetune" (supervised).
         lineareval_while_pretraining: Train the probe on stop-gradient features
             while pretraining.
