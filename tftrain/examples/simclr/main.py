@@ -114,6 +114,12 @@ flags.DEFINE_string(
     _DEFAULTS.model_dir,
     "Checkpoints, TensorBoard files and result.json (resumes if it holds a run).",
 )
+flags.DEFINE_string(
+    "checkpoint",
+    _DEFAULTS.checkpoint,
+    "With --train_mode=finetune: a pretraining run's checkpoint (or its checkpoints directory) to "
+    "initialise the encoder and the projection layers below --ft_proj_selector from.",
+)
 flags.DEFINE_integer(
     "checkpoint_every_steps",
     _DEFAULTS.checkpoint_every_steps,
@@ -153,7 +159,10 @@ def main(argv: list[str]) -> None:
         config = config_from_flags()  # validated before any data is read
     except ValueError as error:
         raise app.UsageError(str(error)) from None
-    result = experiment.run(config)
+    try:
+        result = experiment.run(config)
+    except experiment.FlagValueError as error:
+        raise app.UsageError(str(error)) from None
     print(experiment.summary_line(result))
 
 

@@ -73,21 +73,28 @@ class ProjectionHead(keras.layers.Layer):
         self.dense_layers: list[keras.layers.Dense] = []
         self.norm_layers: list[keras.layers.BatchNormalization] = []
 
+    def layers_below_probe(self) -> dict[str, keras.layers.Layer]:
+        """The (built) layers between the encoder and the probe's input, by attribute name."""
+        below = zip(self.dense_layers, self.norm_layers, strict=True)
+        return {layer.name: layer for pair in list(below)[: self.ft_proj_selector] for layer in pair}
+
     def build(self, input_shape):
         width = int(input_shape[-1])
         for index in range(self.num_layers):
             last = index == self.num_layers - 1
-            self.dense_layers.append(
-                keras.layers.Dense(
-                    self.out_dim if last else width, use_bias=False, name=f"proj_dense_{index}"
-                )
+            dense = keras.layers.Dense(
+                self.out_dim if last else width, use_bias=False, name=f"proj_dense_{index}"
             )
             # The last layer's batch norm has no offset: a shift would not change the loss.
-            self.norm_layers.append(
-                keras.layers.BatchNormalization(
-                    momentum=0.9, center=not last, name=f"batch_normalization_proj_{index}"
-                )
+            norm = keras.layers.BatchNormalization(
+                momentum=0.9, center=not last, name=f"batch_normalization_proj_{index}"
             )
+            self.dense_layers.append(dense)
+            self.norm_layers.append(norm)
+            # Keras 3 lists are not checkpoint dependencies: attributes put the layers in checkpoints
+            # (as `model/projection_head/proj_dense_0`, ...).
+            setattr(self, dense.name, dense)
+            setattr(self, norm.name, norm)
         shape = input_shape
         for dense, norm in zip(self.dense_layers, self.norm_layers, strict=True):
             dense.build(shape)
