@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tftrain.examples.simclr import experiment
@@ -132,3 +133,33 @@ def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
     assert "tftrain: resumed from" in completed.stdout + completed.stderr  # logged at verbose=0
     with open(tmp_path / "result.json") as file:
         assert json.load(file)["global_step"] == 60
+
+
+def parsed_config(*argv):
+    from tftrain.examples.simclr import main
+
+    try:
+        main.FLAGS(["simclr", *argv])
+        return main.config_from_flags()
+    finally:
+        main.FLAGS.unparse_flags()
+
+
+def test_train_steps_0_means_train_for_the_epochs_as_the_reference():
+    config = parsed_config("--train_steps=0", "--train_epochs=3", "--train_batch_size=16")
+    assert config.train_steps == 0
+    assert experiment._steps_plan(config, 64) == (4, 3, 12)
+    with pytest.raises(ValueError, match="--train_steps=-1: expected an integer >= 1, or 0"):
+        experiment.Config(**TINY, train_steps=-1)
+
+
+def test_ft_proj_selector_minus_1_feeds_the_probe_from_the_last_projection_layer():
+    config = parsed_config("--ft_proj_selector=-1", "--num_proj_layers=2", "--proj_out_dim=16")
+    assert config.ft_proj_selector == -1
+    model = experiment.build_model(experiment.Config(**{**TINY, **dict(ft_proj_selector=-1)}), 8)
+    projection, logits = model(np.zeros([2, 16, 16, 3], np.float32))
+    head = model.projection_head
+    assert head.ft_proj_selector == head.num_layers == 2
+    assert model.supervised_head.kernel.shape == (16, 8)  # the projection's output size
+    with pytest.raises(ValueError, match="Received: -2. Expected 0..2 .*or -1 for the last layer"):
+        experiment.build_model(experiment.Config(**TINY, ft_proj_selector=-2), 8)

@@ -28,6 +28,10 @@ KNOWN_DATASETS = data_lib.KNOWN_DATASETS
 MIN_IMAGE_SIZE = 16  # the random crop and the ResNet's strides need room
 
 
+class FlagValueError(ValueError):
+    """A setting that `run` finds wrong once it sees the devices or the checkpoint (before any data)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """An experiment's settings; see `main.py`'s flags for each one's meaning."""
@@ -45,7 +49,7 @@ class Config:
     train_batch_size: int = 256
     eval_batch_size: int = 256
     train_epochs: int = 10
-    train_steps: int | None = None
+    train_steps: int = 0
     warmup_epochs: float = 1
     learning_rate: float = 1.0
     learning_rate_scaling: str = "linear"
@@ -69,6 +73,7 @@ class Config:
     global_bn: bool = False
     zero_init_residual: bool = False
     model_dir: str | None = None
+    checkpoint: str | None = None
     checkpoint_every_steps: int | None = None
     use_gpu: bool = False
     use_tpu: bool = False
@@ -104,8 +109,11 @@ class Config:
         for name in ("train_batch_size", "eval_batch_size", "train_epochs", "steps_per_loop", "proj_out_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name}={getattr(self, name)}: expected an integer >= 1.")
-        if self.train_steps is not None and self.train_steps < 1:
-            raise ValueError(f"--train_steps={self.train_steps}: expected an integer >= 1, or unset.")
+        if self.train_steps is not None and self.train_steps < 0:
+            raise ValueError(
+                f"--train_steps={self.train_steps}: expected an integer >= 1, or 0 (the default) to "
+                "train for --train_epochs."
+            )
         if self.width_multiplier <= 0:
             raise ValueError(f"--width_multiplier={self.width_multiplier}: expected a number > 0.")
         if not 0 < self.min_crop_area <= 1:
@@ -118,14 +126,64 @@ class Config:
                     "--mode evaluates, but --train_mode=pretrain with --nolineareval_while_pretraining "
                     "and --nolinear_eval leaves nothing to evaluate. Turn one of them on."
                 )
+        if self.checkpoint is not None:
+            _check_checkpoint_flag(self)
         if self.mode == "eval" and self.model_dir is None:
             raise ValueError("--mode=eval needs --model_dir holding a trained run's checkpoints.")
+
+
+def _check_checkpoint_flag(config: Config) -> None:
+    if config.train_mode != "finetune" or config.mode == "eval":
+        raise ValueError(
+            f"--checkpoint={config.checkpoint} initialises fine-tuning from a pretraining run, but "
+            f"--train_mode={config.train_mode} --mode={config.mode} does not fine-tune. Expected "
+            "--train_mode=finetune with --mode=train or train_then_eval, or no --checkpoint."
+        )
+    path = config.checkpoint
+    if not (tf.io.gfile.isdir(path) or tf.io.gfile.exists(path + ".index")):
+        raise ValueError(
+            f"--checkpoint={path} does not exist. Expected a checkpoint path of a pretraining run "
+            "(`<model_dir>/checkpoints/ckpt-N`) or a directory of checkpoints (`<model_dir>/checkpoints`)."
+        )
+
+
+def warm_start(model: model_lib.SimCLRModel, checkpoint: str) -> tftrain.checkpoint.WarmStartReport:
+    """Initialises the encoder, and the projection layers below the probe, from a pretraining run.
+
+    As the reference's `--checkpoint`: fine-tuning starts from the pretrained
+    network up to the probe's input (`ft_proj_selector`); the probe and the
+    optimizer start fresh.
+
+    Args:
+        model: A built `SimCLRModel` of the pretraining run's architecture.
+        checkpoint: A checkpoint path or a directory of checkpoints (its latest
+            is used) written by a SimCLR run under tftrain.
+
+    Returns:
+        What was loaded, as `tftrain.checkpoint.warm_start` reports it.
+
+    Raises:
+        FlagValueError: the checkpoint does not exist, cannot be read, or holds
+            another architecture (each mismatched variable is named).
+    """
+    targets = {"model/encoder": model.encoder}
+    for name, layer in model.projection_head.layers_below_probe().items():
+        targets[f"model/projection_head/{name}"] = layer
+    try:
+        return tftrain.checkpoint.warm_start(targets, checkpoint)
+    except (tftrain.checkpoint.CheckpointError, ValueError) as error:
+        raise FlagValueError(
+            f"--checkpoint={checkpoint} cannot initialise this model: {error} Expected a checkpoint of "
+            "a pretraining run with the same --resnet_depth, --width_multiplier, --cifar_stem and "
+            "projection head."
+        ) from error
 
 
 def _steps_plan(config: Config, num_train_examples: int) -> tuple[int, int, int]:
     """(steps_per_epoch, epochs, total_steps) for the run.
 
-    With `train_steps`, epochs are made of the largest number of steps that
+    `train_steps` 0 (or None) means: train for `train_epochs`. With
+    `train_steps`, epochs are made of the largest number of steps that
     divides `train_steps` and fits in one pass, so training stops exactly there.
     """
     steps_per_pass = num_train_examples // config.train_batch_size
@@ -134,7 +192,7 @@ def _steps_plan(config: Config, num_train_examples: int) -> tuple[int, int, int]
             f"--train_batch_size={config.train_batch_size} is larger than the {num_train_examples} training "
             "examples. Expected a smaller batch or more examples."
         )
-    if config.train_steps is None:
+    if not config.train_steps:
         return steps_per_pass, config.train_epochs, steps_per_pass * config.train_epochs
     steps_per_epoch = max(
         d for d in range(1, min(steps_per_pass, config.train_steps) + 1) if config.train_steps % d == 0
@@ -203,7 +261,7 @@ def run(config: Config) -> dict[str, Any]:
     replicas = strategy.num_replicas_in_sync
     for name in ("train_batch_size", "eval_batch_size"):
         if getattr(config, name) % replicas:
-            raise ValueError(
+            raise FlagValueError(
                 f"--{name}={getattr(config, name)} does not split over {replicas} replicas. Expected a "
                 f"multiple of {replicas}."
             )
@@ -225,6 +283,11 @@ def run(config: Config) -> dict[str, Any]:
         model = build_model(config, info.num_classes)
         model.compile(optimizer=_optimizer(config, learning_rate), steps_per_execution=config.steps_per_loop)
         model.optimizer.build(model.trainable_variables)
+    results: dict[str, Any] = {}
+    if config.checkpoint is not None:
+        report = warm_start(model, config.checkpoint)
+        print(report.summary())
+        results["warm_start"] = {"checkpoint": report.checkpoint, "loaded": len(report.loaded)}
 
     def dataset(split, *, training, num_examples, batch_size):
         return pipeline.build_dataset(
@@ -252,7 +315,6 @@ def run(config: Config) -> dict[str, Any]:
         checkpoint_every_steps=config.checkpoint_every_steps,
         mixed_precision=config.mixed_precision,
     )
-    results: dict[str, Any] = {}
     train_seconds = 0.0
     if config.mode in ("train", "train_then_eval"):
         train_data = dataset(

@@ -50,9 +50,11 @@ flags.DEFINE_integer("image_size", _DEFAULTS.image_size, "Input image size (afte
 flags.DEFINE_integer("train_batch_size", _DEFAULTS.train_batch_size, "Global training batch size.")
 flags.DEFINE_integer("eval_batch_size", _DEFAULTS.eval_batch_size, "Global evaluation batch size.")
 flags.DEFINE_integer(
-    "train_epochs", _DEFAULTS.train_epochs, "Training epochs (ignored when --train_steps is given)."
+    "train_epochs", _DEFAULTS.train_epochs, "Training epochs (ignored when --train_steps is not 0)."
 )
-flags.DEFINE_integer("train_steps", _DEFAULTS.train_steps, "Training steps; wins over --train_epochs.")
+flags.DEFINE_integer(
+    "train_steps", _DEFAULTS.train_steps, "Training steps; wins over --train_epochs unless 0 (the default)."
+)
 flags.DEFINE_float("warmup_epochs", _DEFAULTS.warmup_epochs, "Epochs of linear learning-rate warmup.")
 flags.DEFINE_float(
     "learning_rate", _DEFAULTS.learning_rate, "Base learning rate (per 256 examples with linear scaling)."
@@ -86,7 +88,10 @@ flags.DEFINE_enum(
 flags.DEFINE_integer("proj_out_dim", _DEFAULTS.proj_out_dim, "Projection output size.")
 flags.DEFINE_integer("num_proj_layers", _DEFAULTS.num_proj_layers, "Layers of a nonlinear projection head.")
 flags.DEFINE_integer(
-    "ft_proj_selector", _DEFAULTS.ft_proj_selector, "Projection layer whose input feeds the probe."
+    "ft_proj_selector",
+    _DEFAULTS.ft_proj_selector,
+    "Projection layer whose output feeds the probe and finetuning: 0 none (the encoder's output), "
+    "-1 the last layer.",
 )
 flags.DEFINE_bool(
     "lineareval_while_pretraining",
@@ -108,6 +113,12 @@ flags.DEFINE_string(
     "model_dir",
     _DEFAULTS.model_dir,
     "Checkpoints, TensorBoard files and result.json (resumes if it holds a run).",
+)
+flags.DEFINE_string(
+    "checkpoint",
+    _DEFAULTS.checkpoint,
+    "With --train_mode=finetune: a pretraining run's checkpoint (or its checkpoints directory) to "
+    "initialise the encoder and the projection layers below --ft_proj_selector from.",
 )
 flags.DEFINE_integer(
     "checkpoint_every_steps",
@@ -148,7 +159,10 @@ def main(argv: list[str]) -> None:
         config = config_from_flags()  # validated before any data is read
     except ValueError as error:
         raise app.UsageError(str(error)) from None
-    result = experiment.run(config)
+    try:
+        result = experiment.run(config)
+    except experiment.FlagValueError as error:
+        raise app.UsageError(str(error)) from None
     print(experiment.summary_line(result))
 
 

@@ -40,8 +40,9 @@ class ProjectionHead(keras.layers.Layer):
         mode: "none" (identity), "linear" (one layer) or "nonlinear" (ReLU between layers).
         out_dim: Size of the last layer's output.
         num_layers: Layers in "nonlinear" mode; the hidden ones keep the input width.
-        ft_proj_selector: Which layer's input the probe (and finetuning) reads:
-            0 is the encoder output, 1 after the first layer, ...
+        ft_proj_selector: Which layer's output the probe (and finetuning)
+            reads: 0 is the encoder output (no projection layer), 1 after the
+            first layer, ..., -1 after the last (as SimCLR's flag).
     """
 
     def __init__(
@@ -61,30 +62,39 @@ class ProjectionHead(keras.layers.Layer):
         self.mode = mode
         self.out_dim = out_dim
         self.num_layers = 0 if mode == "none" else (1 if mode == "linear" else num_layers)
-        if not 0 <= ft_proj_selector <= self.num_layers:
+        if not -1 <= ft_proj_selector <= self.num_layers:
             raise ValueError(
                 f"Invalid value for argument `ft_proj_selector`. Received: {ft_proj_selector}. Expected "
-                f"0..{self.num_layers} (the projection head has {self.num_layers} layers)."
+                f"0..{self.num_layers} (the projection head has {self.num_layers} layers), or -1 for "
+                "the last layer."
             )
-        self.ft_proj_selector = ft_proj_selector
+        # The number of projection layers below the probe's input.
+        self.ft_proj_selector = self.num_layers if ft_proj_selector == -1 else ft_proj_selector
         self.dense_layers: list[keras.layers.Dense] = []
         self.norm_layers: list[keras.layers.BatchNormalization] = []
+
+    def layers_below_probe(self) -> dict[str, keras.layers.Layer]:
+        """The (built) layers between the encoder and the probe's input, by attribute name."""
+        below = zip(self.dense_layers, self.norm_layers, strict=True)
+        return {layer.name: layer for pair in list(below)[: self.ft_proj_selector] for layer in pair}
 
     def build(self, input_shape):
         width = int(input_shape[-1])
         for index in range(self.num_layers):
             last = index == self.num_layers - 1
-            self.dense_layers.append(
-                keras.layers.Dense(
-                    self.out_dim if last else width, use_bias=False, name=f"proj_dense_{index}"
-                )
+            dense = keras.layers.Dense(
+                self.out_dim if last else width, use_bias=False, name=f"proj_dense_{index}"
             )
             # The last layer's batch norm has no offset: a shift would not change the loss.
-            self.norm_layers.append(
-                keras.layers.BatchNormalization(
-                    momentum=0.9, center=not last, name=f"batch_normalization_proj_{index}"
-                )
+            norm = keras.layers.BatchNormalization(
+                momentum=0.9, center=not last, name=f"batch_normalization_proj_{index}"
             )
+            self.dense_layers.append(dense)
+            self.norm_layers.append(norm)
+            # Keras 3 lists are not checkpoint dependencies: attributes put the layers in checkpoints
+            # (as `model/projection_head/proj_dense_0`, ...).
+            setattr(self, dense.name, dense)
+            setattr(self, norm.name, norm)
         shape = input_shape
         for dense, norm in zip(self.dense_layers, self.norm_layers, strict=True):
             dense.build(shape)
@@ -116,7 +126,8 @@ class SimCLRModel(tftrain.CustomModel):
         proj_head_mode: "none", "linear" or "nonlinear".
         proj_out_dim: The projection's output size.
         num_proj_layers: Layers of a nonlinear projection head.
-        ft_proj_selector: Which projection layer's input feeds the probe.
+        ft_proj_selector: Which projection layer's output feeds the probe
+            (0: the encoder's; -1: the last layer's).
         train_mode: "pretrain" (contrastive) or "finetune" (supervised).
         lineareval_while_pretraining: Train the probe on stop-gradient features
             while pretraining.
