@@ -1,5 +1,7 @@
 """`tftrain._data_checkpoint`: how a checkpoint keeps the data position, checked against tf.data itself."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -116,3 +118,16 @@ def test_prepare_chooses_the_cheapest_exact_mode_and_keeps_a_saved_one():
     assert _data_checkpoint.saved_mode({"data": {"checkpoint": "position"}}) == "position"
     assert _data_checkpoint.saved_mode({"timing": {}}) == "full"  # written before the modes existed
     assert _data_checkpoint.saved_mode(None) is None
+
+
+def test_a_pipeline_whose_buffers_are_saved_says_so_once_and_why():
+    with pytest.warns(
+        UserWarning, match=r"cannot checkpoint symbolically \(CacheDatasetV2\).*ShuffleDataset"
+    ):
+        assert _data_checkpoint.prepare(slices().shuffle(60).batch(6).cache(), None)[0] == "full"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the cheap modes, a resumed run and a generator say nothing here
+        _data_checkpoint.prepare(slices().batch(6), None)
+        _data_checkpoint.prepare(slices().batch(6).cache(), None)
+        _data_checkpoint.prepare(slices().shuffle(60).batch(6).cache(), "full")
+        _data_checkpoint.prepare(UNSUPPORTED["generator"](), None)

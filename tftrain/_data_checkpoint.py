@@ -20,6 +20,7 @@ first:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import tensorflow as tf
@@ -101,7 +102,24 @@ def prepare(dataset: tf.data.Dataset, saved_mode: str | None) -> tuple[str, tf.d
             mode = POSITION
         else:
             mode = FULL
+            _warn_buffers_saved(nodes)
     return mode, (with_symbolic_checkpoint(dataset) if mode == SYMBOLIC else dataset)
+
+
+def _warn_buffers_saved(nodes: list[Any]) -> None:
+    """Says, once per run, why each checkpoint will hold the pipeline's buffers, and how to avoid it."""
+    if any(marker in node.op for node in nodes for marker in ("Generator", "PyFunc")):
+        return  # tf.data cannot save such an iterator at all: the save warns instead
+    blocking = sorted({node.op for node in nodes if node.op.startswith(_NO_SYMBOLIC_CHECKPOINT)})
+    random = sorted({node.op for node in nodes if any(m in node.op for m in _NONDETERMINISTIC_OPS)})
+    warnings.warn(
+        f"The training pipeline has transformations tf.data cannot checkpoint symbolically "
+        f"({', '.join(blocking)}) and does not read in a fixed order ({', '.join(random) or 'deterministic=False'}), "
+        "so each checkpoint holds the data iterator with its buffers (a cache or shuffle buffer is "
+        "written with every save; resume stays exact). To save positions only, drop `.cache()` over data "
+        "that is in memory already, or cache to a file (`.cache(filename)`); see docs/checkpoints.md.",
+        stacklevel=4,
+    )
 
 
 class DataCheckpointService(Service):
