@@ -5,7 +5,7 @@ Usage:
         [--epochs=3] [--batch_size=128] [--steps_per_loop=1] [--num_examples=N]
         [--dataset=fashion_mnist|synthetic] [--data_dir=DIR]
 
-Trains the benchmark's models (`tftrain.bench.workloads.build_mlp` /
+Trains the benchmark's models (`tftrain.examples.models.build_mlp` /
 `build_cnn`) on Fashion-MNIST from tensorflow-datasets. When the dataset
 cannot be downloaded (offline), it says so and trains on synthetic data of
 the same shape instead (28x28x1 uint8 images, 10 classes, random: the timings
@@ -29,11 +29,11 @@ from absl import app, flags
 
 import tftrain
 from tftrain import data as data_lib
-from tftrain.bench import workloads
+from tftrain.examples import models
 
 FLAGS = flags.FLAGS
 
-MODELS = {"mlp": workloads.build_mlp, "cnn": workloads.build_cnn}
+MODELS = {"mlp": models.build_mlp, "cnn": models.build_cnn}
 MODES = ("eager", "graph", "xla", "fit")
 DATASETS = ("fashion_mnist", "synthetic")
 IMAGE_SIZE = 28
