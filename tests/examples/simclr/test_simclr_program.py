@@ -49,7 +49,8 @@ def test_eval_mode_restores_the_trained_encoder(tmp_path):
         experiment.Config(**TINY, train_steps=2, model_dir=str(tmp_path), linear_eval=False)
     )
     evaluated = experiment.run(
-        experiment.Config(**TINY, mode="eval", model_dir=str(tmp_path), linear_eval=False)
+        # The training run's step flags: --mode=eval evaluates until its last step.
+        experiment.Config(**TINY, mode="eval", train_steps=2, model_dir=str(tmp_path), linear_eval=False)
     )
     assert evaluated["restored"].startswith(str(tmp_path / "checkpoints" / "ckpt-"))
     assert evaluated["global_step"] == trained["global_step"] == 2

@@ -21,7 +21,7 @@ import tensorflow as tf
 import tftrain
 from tftrain import data as data_lib
 from tftrain import distribute
-from tftrain.examples.simclr import lars, pipeline, probe, schedule
+from tftrain.examples.simclr import evaluation, lars, pipeline, schedule
 from tftrain.examples.simclr import model as model_lib
 
 KNOWN_DATASETS = data_lib.KNOWN_DATASETS
@@ -75,6 +75,7 @@ class Config:
     model_dir: str | None = None
     checkpoint: str | None = None
     checkpoint_every_steps: int | None = None
+    eval_timeout_s: float = 3600.0
     use_gpu: bool = False
     use_tpu: bool = False
     tpu_name: str | None = None
@@ -118,6 +119,8 @@ class Config:
             raise ValueError(f"--width_multiplier={self.width_multiplier}: expected a number > 0.")
         if not 0 < self.min_crop_area <= 1:
             raise ValueError(f"--min_crop_area={self.min_crop_area}: expected a fraction in (0, 1].")
+        if not self.eval_timeout_s > 0:
+            raise ValueError(f"--eval_timeout_s={self.eval_timeout_s}: expected a number of seconds > 0.")
         if self.temperature <= 0:
             raise ValueError(f"--temperature={self.temperature}: expected a number > 0.")
         if self.mode != "train" and self.train_mode == "pretrain" and not self.lineareval_while_pretraining:
@@ -239,17 +242,6 @@ def build_model(config: Config, num_classes: int) -> model_lib.SimCLRModel:
     return model
 
 
-def _restore_for_eval(model: keras.Model, model_dir: str) -> str:
-    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-    if latest is None:
-        raise ValueError(
-            f"--mode=eval found no checkpoint in {model_dir}/checkpoints. Train first (--mode=train)."
-        )
-    root = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    root.read(latest).expect_partial().assert_existing_objects_matched()
-    return latest
-
-
 def run(config: Config) -> dict[str, Any]:
     """Runs the experiment; returns its results (also written to `model_dir/result.json`)."""
     strategy = distribute.setup_strategy(
@@ -338,9 +330,7 @@ def run(config: Config) -> dict[str, Any]:
             )
         train_seconds = time.perf_counter() - start
         results["train_logs"] = {key: float(values[-1]) for key, values in history.history.items() if values}
-    elif config.mode == "eval":
-        results["restored"] = _restore_for_eval(model, config.model_dir)
-    results["global_step"] = int(model.optimizer.iterations.numpy())
+        results["global_step"] = int(model.optimizer.iterations.numpy())
     results["train_seconds"] = round(train_seconds, 1)
     if config.mode in ("eval", "train_then_eval"):
         eval_data = dataset(
@@ -349,45 +339,41 @@ def run(config: Config) -> dict[str, Any]:
             num_examples=config.num_eval_examples,
             batch_size=config.eval_batch_size,
         )
-        if model.uses_probe:
+        if config.mode == "eval" and model.uses_probe:
+            results.update(
+                evaluation.evaluate_checkpoints(
+                    trainer,
+                    eval_data,
+                    model_dir=config.model_dir,
+                    last_step=total_steps,
+                    timeout_s=config.eval_timeout_s,
+                    verbose=config.verbose,
+                )
+            )
+        elif config.mode == "eval":  # no probe to score: the linear evaluation of the newest checkpoint
+            results["restored"] = evaluation.restore_latest(model, config.model_dir)
+            results["global_step"] = int(model.optimizer.iterations.numpy())
+        elif model.uses_probe:
             logs = trainer.evaluate(eval_data, verbose=config.verbose)
-            results["label_top_1_accuracy"] = logs["label_top_1_accuracy"]
-            results["label_top_5_accuracy"] = logs["label_top_5_accuracy"]
+            results.update(evaluation.reference_results(model, logs, results["global_step"]))
         if config.linear_eval:
-            results.update(_linear_eval(config, model, info.num_classes, num_train, dataset))
+            train_eval = dataset(
+                config.train_split, training=False, num_examples=num_train, batch_size=config.eval_batch_size
+            )
+
+            def random_encoder():
+                keras.utils.set_random_seed(config.seed)
+                return build_model(config, info.num_classes).encoder
+
+            results.update(
+                evaluation.linear_eval(model.encoder, random_encoder, train_eval, eval_data, info.num_classes)
+            )
     results["config"] = dataclasses.asdict(config)
     if config.model_dir and distribute.worker_role(strategy)[0]:
         tf.io.gfile.makedirs(config.model_dir)
         with tf.io.gfile.GFile(os.path.join(config.model_dir, "result.json"), "w") as file:
             json.dump(results, file, indent=2, sort_keys=True)
     return results
-
-
-def _linear_eval(config: Config, model, num_classes: int, num_train: int, dataset) -> dict[str, float]:
-    """Linear probes on the frozen trained encoder and on a random one of the same architecture."""
-    start = time.perf_counter()
-    train_eval = dataset(
-        config.train_split, training=False, num_examples=num_train, batch_size=config.eval_batch_size
-    )
-    test_eval = dataset(
-        config.eval_split,
-        training=False,
-        num_examples=config.num_eval_examples,
-        batch_size=config.eval_batch_size,
-    )
-    trained = probe.linear_probe_accuracy(
-        *probe.encoder_features(model.encoder, train_eval, test_eval), num_classes
-    )
-    keras.utils.set_random_seed(config.seed)
-    random_encoder = build_model(config, num_classes).encoder
-    baseline = probe.linear_probe_accuracy(
-        *probe.encoder_features(random_encoder, train_eval, test_eval), num_classes
-    )
-    return {
-        "linear_eval_top_1": trained,
-        "random_encoder_linear_eval_top_1": baseline,
-        "linear_eval_seconds": round(time.perf_counter() - start, 1),
-    }
 
 
 def summary_line(results: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
+import tftrain
 from tftrain.examples.simclr import experiment
 
 FLAGS = flags.FLAGS
@@ -125,6 +126,11 @@ flags.DEFINE_integer(
     _DEFAULTS.checkpoint_every_steps,
     "Also checkpoint every this many steps (default: epoch ends).",
 )
+flags.DEFINE_float(
+    "eval_timeout_s",
+    _DEFAULTS.eval_timeout_s,
+    "--mode=eval: seconds to wait for the next checkpoint of --model_dir before giving up (tftrain's).",
+)
 flags.DEFINE_bool("use_gpu", _DEFAULTS.use_gpu, "Train on the visible GPUs (MirroredStrategy).")
 flags.DEFINE_bool("use_tpu", _DEFAULTS.use_tpu, "Train on a TPU.")
 flags.DEFINE_string("tpu_name", _DEFAULTS.tpu_name, "TPU name or grpc:// address.")
@@ -163,6 +169,12 @@ def main(argv: list[str]) -> None:
         result = experiment.run(config)
     except experiment.FlagValueError as error:
         raise app.UsageError(str(error)) from None
+    except tftrain.evaluation.EvaluationTimeoutError as error:
+        raise SystemExit(
+            f"SimCLR --mode=eval stopped waiting: {error} Expected --model_dir of a running or finished "
+            "training run with the same step flags (--train_steps, --train_epochs, --train_batch_size, "
+            "--num_train_examples); a longer --eval_timeout_s waits longer."
+        ) from None
     print(experiment.summary_line(result))
 
 
