@@ -20,16 +20,7 @@ def batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str):
     Keras's CallbackList converts the logs to Python values on every batch
     hook call (a host sync and ~13 us per step), even when no callback reads them.
     """
-    base = keras.callbacks.Callback
-    names = _BATCH_HOOKS[kind]
-    # A hook is implemented if it is not Callback's own method (LambdaCallback
-    # sets hooks as instance attributes, so look at the bound attribute).
-    implemented = any(
-        getattr(getattr(cb, name), "__func__", None) is not getattr(base, name)
-        for cb in callback_list.callbacks
-        for name in names
-    )
-    if not implemented:
+    if not any(_implements_batch_hooks(cb, kind) for cb in callback_list.callbacks):
         return _no_hook, _no_hook
     return getattr(callback_list, f"on_{kind}_batch_begin"), getattr(callback_list, f"on_{kind}_batch_end")
 
@@ -41,12 +32,21 @@ def relies_on_batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str
     `save_freq=N`, TerminateOnNaN, ...) may count on one hook call per step,
     so `steps_per_loop="auto"` keeps one step per host call for it.
     """
-    base = keras.callbacks.Callback
     per_call = (keras.callbacks.History, keras.callbacks.ProgbarLogger)
     return any(
-        getattr(getattr(cb, name), "__func__", None) is not getattr(base, name)
-        for cb in callback_list.callbacks
-        if not isinstance(cb, per_call)
+        _implements_batch_hooks(cb, kind) for cb in callback_list.callbacks if not isinstance(cb, per_call)
+    )
+
+
+def _implements_batch_hooks(callback: keras.callbacks.Callback, kind: str) -> bool:
+    """Whether a callback overrides any of `kind`'s batch hooks.
+
+    A hook is implemented if it is not Callback's own method (LambdaCallback
+    sets hooks as instance attributes, so look at the bound attribute).
+    """
+    base = keras.callbacks.Callback
+    return any(
+        getattr(getattr(callback, name), "__func__", None) is not getattr(base, name)
         for name in _BATCH_HOOKS[kind]
     )
 
