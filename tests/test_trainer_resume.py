@@ -31,8 +31,17 @@ KILLS = {
     # SIGTERM after steps 5 (mid epoch 2) and 4 (an epoch's last step): a checkpoint at that step.
     "sigterm_mid_epoch": "sigterm:5",
     "sigterm_epoch_end": "sigterm:4",
+    # The same with checkpoints written in the background (async_checkpoint=True).
+    "async_mid_epoch": "step:7",
+    "async_during_save": "save:3",
+    "async_sigterm_mid_epoch": "sigterm:5",
 }
-PREEMPTED = {"sigterm_mid_epoch", "sigterm_epoch_end"}
+PREEMPTED = {"sigterm_mid_epoch", "sigterm_epoch_end", "async_sigterm_mid_epoch"}
+
+
+def job_args(name):
+    args = [f"--kill={KILLS[name]}"] if name in KILLS else []
+    return args + (["--async-checkpoint"] if name.startswith("async_") else [])
 
 
 def start_job(model_dir, *args):
@@ -65,9 +74,7 @@ def final_state(model_dir):
 def runs(tmp_path_factory):
     """Runs every job: the uninterrupted one and the killed ones, then the reruns."""
     dirs = {name: tmp_path_factory.mktemp(name) for name in ["uninterrupted", *KILLS]}
-    first = {
-        name: start_job(dirs[name], *([f"--kill={KILLS[name]}"] if name in KILLS else [])) for name in dirs
-    }
+    first = {name: start_job(dirs[name], *job_args(name)) for name in dirs}
     first_stdout = {}
     for name, process in first.items():
         first_stdout[name] = finish(
@@ -75,7 +82,9 @@ def runs(tmp_path_factory):
         )
     after_kill = {name: sorted(os.listdir(dirs[name] / "checkpoints")) for name in KILLS}
     finished_early = {name: os.path.exists(dirs[name] / "final.npz") for name in KILLS}
-    reruns = {name: start_job(dirs[name]) for name in KILLS}
+    reruns = {
+        name: start_job(dirs[name], *[a for a in job_args(name) if a.startswith("--async")]) for name in KILLS
+    }
     stdout = {name: finish(process) for name, process in reruns.items()}
     return dict(
         dirs=dirs,
@@ -123,6 +132,32 @@ def test_sigterm_checkpoints_the_step_reached_and_the_rerun_resumes_bit_identica
     assert "Training stopped on SIGTERM" in runs["first_stdout"][case]
     assert not runs["finished_early"][case]
     assert resumed_at in runs["stdout"][case]
+    assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
+
+
+def test_async_checkpoints_resume_bit_identical_after_a_kill_and_a_sigterm(runs):
+    for case in ("async_mid_epoch", "async_sigterm_mid_epoch"):
+        model_dir = runs["dirs"][case]
+        assert not runs["finished_early"][case]
+        assert f"resumed from {model_dir}/checkpoints/" in runs["stdout"][case]
+        assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
+    # A preemption waits for its background write: the checkpoint it names is on disk.
+    model_dir = runs["dirs"]["async_sigterm_mid_epoch"]
+    assert (
+        f"PREEMPTED step=5 checkpoint={model_dir}/checkpoints/ckpt-5"
+        in runs["first_stdout"]["async_sigterm_mid_epoch"]
+    )
+    assert "ckpt-5.index" in runs["after_kill"]["async_sigterm_mid_epoch"]
+    assert "at step 5 (epoch 2, step 1 of the epoch)" in runs["stdout"]["async_sigterm_mid_epoch"]
+
+
+def test_kill_in_the_background_write_leaves_the_previous_checkpoint_latest(runs):
+    # The 3rd save (step 6) dies in the writer thread: it was never recorded.
+    model_dir = runs["dirs"]["async_during_save"]
+    assert {"ckpt-6_temp", "checkpoint.tmp0123abcd", "ckpt-6.index"} <= set(
+        runs["after_kill"]["async_during_save"]
+    )
+    assert "ckpt-4 at step 4 " in runs["stdout"]["async_during_save"]
     assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
 
 

@@ -90,6 +90,7 @@ class CheckpointService(Service):
         return path
 
     def close(self) -> None:
+        self.checkpointer.close()
         if self.scratch_dir is not None and tf.io.gfile.exists(self.scratch_dir):
             tf.io.gfile.rmtree(self.scratch_dir)
 
@@ -153,6 +154,9 @@ class BestCheckpointService(Service):
 
     def state_dict(self) -> dict[str, Any]:
         return {"monitor": self.monitor, "best": self.best}
+
+    def close(self) -> None:
+        self.checkpointer.close()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("monitor") == self.monitor:
@@ -256,6 +260,7 @@ class PreemptionService(Service):
     def _stop(self, run: TrainingRun, saved: bool = False) -> None:
         path = self.checkpoints.checkpointer.latest if saved else self.checkpoints.save(run)
         path = path or self.checkpoints.checkpointer.latest
+        self.checkpoints.checkpointer.sync()  # the process exits next: the save must be on disk
         raise preempted_error(run, self.received, path, signal.Signals(self.received).name)
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ silent fallback.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
 from typing import Any
@@ -302,3 +303,60 @@ def stop_preemption_handler(handler: Any) -> None:
     """
     _method(handler, "_stop_poll_termination_signal_thread", _PREEMPTION)()
     _method(handler, "_stop_cluster_wise_termination_watcher_thread", _PREEMPTION)()
+
+
+# ------------------------------------------------------------------ asynchronous checkpoints
+
+_ASYNC = "asynchronous checkpoint saving"
+
+
+def check_async_checkpoint_support() -> None:
+    """Raises `KerasInternalsError` unless TensorFlow's asynchronous checkpointing can serve Keras models."""
+    if not hasattr(tf.train.CheckpointOptions(), "experimental_enable_async_checkpoint"):
+        raise _missing("`tf.train.CheckpointOptions(experimental_enable_async_checkpoint=...)`", _ASYNC)
+    _method(tf.train.Checkpoint, "_async_checkpointer", _ASYNC)
+    _method(tf.train.Checkpoint, "sync", _ASYNC)
+
+
+def async_checkpoint_options(root: tf.train.Checkpoint) -> tf.train.CheckpointOptions:
+    """Options that make `root`'s saves asynchronous, working around a Keras 3 incompatibility.
+
+    TensorFlow copies the variables to host memory in a `tf.function`; a Keras
+    3 variable makes a new `tf.Variable` at each copy, which a traced function
+    refuses from its second save on. Running the copy eagerly keeps every save
+    working (the copy is a few assignments; the file write stays in the
+    background thread).
+    """
+    helper = _method(root, "_async_checkpointer", _ASYNC)()
+    copy = _method(type(helper), "_copy_to_cpu", _ASYNC)
+    eager_copy = getattr(copy, "python_function", None)
+    if eager_copy is None:
+        raise _missing("`AsyncCheckpointHelper._copy_to_cpu.python_function`", _ASYNC)
+    helper._copy_to_cpu = functools.partial(eager_copy, helper)
+    return tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+
+
+def wait_for_async_checkpoint(root: tf.train.Checkpoint) -> None:
+    """Waits for `root`'s pending asynchronous save; raises the error it met, if any.
+
+    `tf.train.Checkpoint.sync` waits but leaves a failed write's error for the
+    next save to raise; a run that ends or stops needs it now.
+    """
+    helper = getattr(root, "_async_checkpointer_impl", None)
+    if helper is not None:
+        root.sync()
+        _method(helper, "_check_async_thread_error", _ASYNC)()
+
+
+def stop_async_checkpoint(root: tf.train.Checkpoint) -> None:
+    """Waits for `root`'s pending asynchronous save and stops its writer thread.
+
+    TensorFlow stops the thread, and frees the host copies of the variables,
+    only at interpreter exit; a checkpoint root that is replaced must stop its
+    own, or each replacement leaves a thread and a copy of the model behind.
+    """
+    helper = getattr(root, "_async_checkpointer_impl", None)
+    if helper is not None:
+        join = _method(helper, "_join_async_save_thread", _ASYNC)
+        atexit.unregister(join)
+        join()

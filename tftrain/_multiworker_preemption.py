@@ -166,6 +166,7 @@ class MultiWorkerPreemption(Service):
             path = self.checkpoints.checkpointer.manager.latest_checkpoint
         else:
             path = self.checkpoints.save(run)
+        self.checkpoints.checkpointer.sync()  # the workers exit next: the save must be on disk
         # Report the chief's copy (numbered by step as this worker's own).
         self._saved = os.path.join(self.checkpoints.checkpointer.restore_directory, os.path.basename(path))
 

@@ -12,8 +12,8 @@ import os
 import signal
 from typing import Any
 
+from tftrain import _keras_compat, summaries
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import summaries
 from tftrain._validation import check_int
 
 __all__ = ["RunOptions"]
@@ -40,6 +40,7 @@ class RunOptions:
     best_checkpoint_monitor: str | None = None
     best_checkpoint_mode: str = "auto"
     resume_from: str | None = None
+    async_checkpoint: bool = False
 
     def __post_init__(self):
         summaries.check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
@@ -63,6 +64,18 @@ class RunOptions:
                 "Invalid value for argument `best_checkpoint_mode`. Received: best_checkpoint_mode="
                 f"{self.best_checkpoint_mode!r}. Expected 'auto', 'min' or 'max'."
             )
+        if not isinstance(self.async_checkpoint, bool):
+            raise TypeError(
+                "Invalid value for argument `async_checkpoint`. Received: "
+                f"async_checkpoint={self.async_checkpoint!r}. Expected True or False."
+            )
+        if self.async_checkpoint and self.model_dir is None:
+            raise ValueError(
+                "Invalid combination of arguments. Received: async_checkpoint=True with model_dir=None. "
+                "Expected a `model_dir` to write checkpoints to (or async_checkpoint=False)."
+            )
+        if self.async_checkpoint:
+            _keras_compat.check_async_checkpoint_support()
         if self.model_dir is None:
             for name in (
                 "checkpoint_every_steps",

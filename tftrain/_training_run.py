@@ -203,6 +203,7 @@ def _model_dir_services(
         max_to_keep=options.max_to_keep if chief else 1,
         restore_directory=None if chief else checkpoints,
         global_step=global_step,
+        async_write=options.async_checkpoint,
     )
     if (checkpointer.latest or options.resume_from) is not None and not model.built:
         raise ValueError(
@@ -254,6 +255,7 @@ def _model_dir_services(
                 lambda: checkpoint_lib.training_state(model, extra_state()),
                 max_to_keep=1,
                 global_step=global_step,
+                async_write=options.async_checkpoint,
             ),
             options.best_checkpoint_monitor,
             options.best_checkpoint_mode,

@@ -29,6 +29,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain import _keras_compat
 from tftrain._checkpoint_validation import (
     VARIABLE_SUFFIX,
     CheckpointError,
@@ -145,9 +146,19 @@ class Checkpointer:
             step increments), saved and restored in place as the progress's
             `global_step`. None: a variable of the checkpointer's own, set
             from `Progress.global_step` at each save.
+        async_write: Write checkpoints in a background thread
+            (`tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)`):
+            `save` copies the state to host memory and returns; the files are
+            written while training goes on, and recorded as the latest
+            checkpoint only once complete, so a crash mid-write leaves the
+            previous one. The next `save`, `sync` and every restore wait for
+            a pending write (and raise its error, if it failed).
 
     Raises:
         ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
+        TypeError: `async_write` is not a bool.
+        tftrain._keras_compat.KerasInternalsError: `async_write` where the
+            installed TensorFlow cannot save asynchronously.
     """
 
     def __init__(
@@ -158,8 +169,19 @@ class Checkpointer:
         max_to_keep: int = 5,
         restore_directory: str | None = None,
         global_step: tf.Variable | None = None,
+        async_write: bool = False,
     ):
         check_int("max_to_keep", max_to_keep)
+        if not isinstance(async_write, bool):
+            raise TypeError(
+                f"Invalid value for argument `async_write`. Received: async_write={async_write!r}. "
+                "Expected True or False."
+            )
+        if async_write:
+            _keras_compat.check_async_checkpoint_support()
+        self.async_write = async_write
+        # What the asynchronous writer copies to host memory: fixed at its first save.
+        self._async_objects: list[int] | None = None
         self.directory = ensure_writable_directory(directory, "model_dir")
         self.max_to_keep = max_to_keep
         self.restore_directory = restore_directory or self.directory
@@ -179,16 +201,19 @@ class Checkpointer:
         self._state_fn = state if callable(state) else (lambda: dict(state))
         self._data = tf.Module(name="data")
         self._iterator_unsaveable_reason: str | None = None
-        self._root = tf.train.Checkpoint(
+        self._root = self._new_root()
+        self._manager: tf.train.CheckpointManager | None = None
+        self.service_states: dict[str, Any] = {}
+        self.iterator_restored = False
+
+    def _new_root(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(
             **self._state_fn(),
             progress=self._progress,
             iterator_saved=self._iterator_saved,
             timing=self._service_states,
             data=self._data,
         )
-        self._manager: tf.train.CheckpointManager | None = None
-        self.service_states: dict[str, Any] = {}
-        self.iterator_restored = False
 
     # ------------------------------------------------------------------ paths
 
@@ -202,7 +227,8 @@ class Checkpointer:
 
     @property
     def latest(self) -> str | None:
-        """The newest recorded checkpoint (in `restore_directory`), or None."""
+        """The newest recorded checkpoint (in `restore_directory`), or None; waits for a pending asynchronous save."""
+        self.sync()
         if self.restore_directory != self.directory:
             return tf.train.latest_checkpoint(self.restore_directory)
         return self.manager.latest_checkpoint
@@ -288,6 +314,7 @@ class Checkpointer:
                 (nothing is restored).
             CorruptCheckpointError: checkpoints exist but none can be read.
         """
+        self.sync()  # a pending write's files are not leftovers
         if not self._read_only:
             self.clean_leftovers()
         recorded = self._recorded(self.restore_directory)
@@ -337,6 +364,7 @@ class Checkpointer:
             CheckpointError: no checkpoint at `path`, or it cannot be read.
             IncompatibleCheckpointError: it does not fit the model.
         """
+        self.sync()
         path, reader = open_checkpoint(path, "resume_from")
         _read_every_tensor(path, reader)
         return path, self._restore_from(path, reader, iterator)
@@ -486,7 +514,7 @@ class Checkpointer:
             self._data.iterator = iterator
             self._iterator_saved.assign(True)
             try:
-                return self.manager.save(checkpoint_number=number)
+                return self._write(number)
             except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as error:
                 # e.g. a pipeline with a Python generator or stateful op: tf.data cannot save it.
                 self._warn_iterator_unsaveable(str(error).splitlines()[0])
@@ -494,7 +522,45 @@ class Checkpointer:
         if hasattr(self._data, "iterator"):
             del self._data.iterator
         self._iterator_saved.assign(False)
-        return self.manager.save(checkpoint_number=number)
+        return self._write(number)
+
+    def _write(self, number: int | None) -> str:
+        if not self.async_write:
+            return self.manager.save(checkpoint_number=number)
+        # TensorFlow's writer copies only the objects it found at its first save; state
+        # that appeared since (a new pass's iterator, a late-built layer) would be read
+        # live from the writer thread, while training changes it. A fresh root copies it.
+        objects = [id(node) for node in tf.train.TrackableView(self._root).descendants()]
+        if self._async_objects is not None and objects != self._async_objects:
+            self._replace_root()
+            objects = [id(node) for node in tf.train.TrackableView(self._root).descendants()]
+        self._async_objects = objects
+        options = _keras_compat.async_checkpoint_options(self._root)
+        return self.manager.save(checkpoint_number=number, options=options)
+
+    def sync(self) -> None:
+        """Waits until a pending asynchronous save is written and recorded.
+
+        Raises:
+            Exception: the error that made the pending write fail (e.g. a full
+                disk); the checkpoint before it is still the latest.
+        """
+        if self.async_write:
+            _keras_compat.wait_for_async_checkpoint(self._root)
+
+    def close(self) -> None:
+        """Waits for a pending asynchronous save and stops the writer thread (a no-op otherwise)."""
+        if self.async_write and self._async_objects is not None:
+            self._replace_root()
+
+    def _replace_root(self) -> None:
+        """Stops the asynchronous writer (after its pending save) and starts over with a fresh root."""
+        counter = int(self._root.save_counter.numpy())
+        _keras_compat.stop_async_checkpoint(self._root)
+        self._root = self._new_root()
+        self._root.save_counter.assign(counter)
+        self._manager = None
+        self._async_objects = None
 
 
 def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = True) -> str:

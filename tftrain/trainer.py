@@ -126,6 +126,14 @@ class Trainer(InferenceMixin, ExportMixin):
             optimizer, global step, epoch and data position, validated as a
             resume is. Once `model_dir` has checkpoints of its own, they win,
             so rerunning the command resumes the new run.
+        async_checkpoint: With `model_dir`: write checkpoints in a background
+            thread (TensorFlow's asynchronous checkpointing): a save copies the
+            state to host memory and training goes on while the files are
+            written. A checkpoint becomes the latest only once complete, so a
+            crash mid-write resumes from the one before; the next save, the
+            end of `fit` and a preemption wait for a pending write, and its
+            error (e.g. a full disk) is raised there. Costs a host copy of the
+            saved state. See docs/checkpoints.md.
         mixed_precision: `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`:
             switch the model's layers to this Keras dtype policy (variables
             stay float32) and, for float16, wrap the optimizer in a
@@ -160,6 +168,7 @@ class Trainer(InferenceMixin, ExportMixin):
         best_checkpoint_monitor: str | None = None,
         best_checkpoint_mode: str = "auto",
         resume_from: str | None = None,
+        async_checkpoint: bool = False,
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -186,6 +195,7 @@ class Trainer(InferenceMixin, ExportMixin):
             best_checkpoint_monitor=best_checkpoint_monitor,
             best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from,
+            async_checkpoint=async_checkpoint,
         )
         self.model_dir = self.run_options.model_dir
         _strategy_checks.check_model_in_scope(model, self.strategy)

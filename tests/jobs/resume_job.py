@@ -5,10 +5,12 @@ determinism, with checkpoints every 3 steps, and writes the final weights and
 step count to MODEL_DIR/final.npz. `--kill=step:N` SIGKILLs the process after
 step N, `--kill=epoch:E` at the start of epoch E (just after the previous
 epoch's checkpoint), `--kill=save:N` in the middle of the N-th checkpoint write
-(files written, one truncated, temporary files left, nothing recorded).
+(files written, one truncated, temporary files left, nothing recorded; with
+`--async-checkpoint`, in the background writer thread).
 `--kill=sigterm:N` sends the process SIGTERM after step N: the Trainer saves a
 checkpoint at the step it reached and raises PreemptedError; the job then exits
 with status 3.
+`--async-checkpoint` writes checkpoints in the background (`async_checkpoint=True`).
 `--step-sleep=S` sleeps S seconds after each step (a run slow enough for a
 continuous evaluator to watch).
 """
@@ -64,6 +66,9 @@ def kill_during_save(save_number, model_dir):
 
     def write(self, file_prefix, *args, **kwargs):
         path = original(self, file_prefix, *args, **kwargs)
+        options = kwargs.get("options", args[0] if args else None)
+        if options is not None and options.experimental_enable_async_checkpoint:
+            return path  # handed to the writer thread, whose own write comes here next
         calls.append(path)
         if len(calls) == save_number:
             data = glob.glob(path + ".data-*")[0]
@@ -86,6 +91,7 @@ def main():
     parser.add_argument("--kill", default="")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--async-checkpoint", action="store_true")
     args = parser.parse_args()
 
     tf.config.experimental.enable_op_determinism()
@@ -109,6 +115,7 @@ def main():
         metrics=["accuracy"],
         model_dir=args.model_dir,
         checkpoint_every_steps=3,
+        async_checkpoint=args.async_checkpoint,
     )
     callbacks = [SleepEachStep(args.step_sleep)] if args.step_sleep else []
     if args.kill:
