@@ -19,7 +19,7 @@ def test_t_quantiles_match_the_tables():
 def test_ratio_interval_is_a_t_interval_on_paired_log_ratios():
     baseline = [1.0, 2.0, 1.5, 1.2]
     ratios = [1.01, 1.03, 1.02, 1.04]
-    interval = stats.ratio_interval([b * r for b, r in zip(baseline, ratios)], baseline)
+    interval = stats.ratio_interval([b * r for b, r in zip(baseline, ratios, strict=True)], baseline)
     logs = [math.log(r) for r in ratios]
     mean = sum(logs) / 4
     sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / 3)
@@ -147,14 +147,22 @@ def test_goals_from_hand_made_rounds():
     drift = [1.0, 1.3, 0.9, 1.1, 1.2, 1.0]  # the machine's speed changes between rounds
     variants = {
         "handwritten": _variant([2.0 * d for d in drift]),
-        "graph": _variant([2.0 * d * r for d, r in zip(drift, [1.01, 1.02, 1.0, 1.03, 1.02, 1.01])]),
+        "graph": _variant(
+            [2.0 * d * r for d, r in zip(drift, [1.01, 1.02, 1.0, 1.03, 1.02, 1.01], strict=True)]
+        ),
         "handwritten_xla": _variant([2.0 * d for d in drift]),
-        "xla": _variant([2.0 * d * r for d, r in zip(drift, [1.10, 1.12, 1.11, 1.09, 1.13, 1.10])]),
+        "xla": _variant(
+            [2.0 * d * r for d, r in zip(drift, [1.10, 1.12, 1.11, 1.09, 1.13, 1.10], strict=True)]
+        ),
         "handwritten_loop": _variant([1.0 * d for d in drift]),
-        "graph_loop": _variant([1.0 * d * r for d, r in zip(drift, [0.9, 1.2, 1.0, 1.1, 0.95, 1.05])]),
+        "graph_loop": _variant(
+            [1.0 * d * r for d, r in zip(drift, [0.9, 1.2, 1.0, 1.1, 0.95, 1.05], strict=True)]
+        ),
         "graph_loop_k1": _variant([2.0 * d for d in drift]),
         "graph_loop_k100": _variant([0.8 * d for d in drift]),
-        "default": _variant([0.8 * d * r for d, r in zip(drift, [1.0, 1.01, 0.99, 1.0, 1.02, 1.0])]),
+        "default": _variant(
+            [0.8 * d * r for d, r in zip(drift, [1.0, 1.01, 0.99, 1.0, 1.02, 1.0], strict=True)]
+        ),
         "keras_fit": _variant([2.2 * d for d in drift]),
         "graph_checkpoint": _variant([2.5 * d for d in drift], gaps=[0.03, 0.031, 0.029, 0.032, 0.03, 0.028]),
     }
