@@ -300,7 +300,7 @@ def test_registries_match_the_light_name_lists():
     assert set(config.WORKLOAD_VARIANTS) == set(config.WORKLOAD_NAMES)
     for own in config.WORKLOAD_VARIANTS.values():
         assert set(own) <= set(config.VARIANT_NAMES) and len(set(own)) == len(own)
-    assert set(report.COLUMNS) == set(report.TARGETS) == set(config.WORKLOAD_NAMES)
+    assert set(report.COLUMNS) == set(goals.TARGETS) == set(config.WORKLOAD_NAMES)
     for name in config.OPTIONAL_VARIANTS:
         assert runners.VARIANTS[name].unavailable_reason is not None
 
