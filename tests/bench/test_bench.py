@@ -11,7 +11,7 @@ import pytest
 from helpers import TIMING_REPORT_KEYS
 
 from tftrain import _keras_compat
-from tftrain.bench import config, optional, outputs, plot, report, runners, suite, workloads
+from tftrain.bench import config, goals, optional, outputs, plot, report, runners, stats, suite, workloads
 
 TIMING_KEYS = TIMING_REPORT_KEYS
 TRAINER_VARIANTS = {
@@ -26,6 +26,9 @@ TRAINER_VARIANTS = {
 # Same initial weights, same batches, same optimizer: these must end at the same loss.
 GRAPH_VARIANTS = [
     "graph",
+    "graph_loop_k1",
+    "graph_loop_k5",
+    "default",
     "trainer_no_timing",
     "graph_no_sync",
     "graph_checkpoint",
@@ -41,12 +44,12 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 @pytest.fixture(scope="module")
 def tiny_results():
-    """Every variant once on a tiny MLP workload: 3 steps per epoch (the last one partial)."""
+    """Every variant of a tiny MLP workload: a warmup segment and 2 rounds of 4-step segments."""
     lines = []
     tiny = config.BenchmarkConfig(
         workloads="mlp",
-        repeats=1,
-        epochs=2,
+        rounds=2,
+        segment_steps=4,
         steps_per_loop=2,
         eager_steps=2,
         num_train=300,
@@ -60,40 +63,38 @@ def test_every_variant_runs_and_reports(tiny_results):
     results, lines = tiny_results
     mlp = results["workloads"]["mlp"]
     assert list(mlp["variants"]) == list(config.WORKLOAD_VARIANTS["mlp"])
-    assert (mlp["num_train"], mlp["num_val"], mlp["steps_per_epoch"]) == (300, 64, 3)
-    assert len(lines) == 1 + len(mlp["variants"])  # "preparing" + one line per run
+    assert (mlp["num_train"], mlp["num_val"], mlp["steps_per_epoch"], mlp["segment_steps"]) == (300, 64, 3, 4)
+    assert len(lines) == 1 + 3  # "preparing" + one line per segment index
+    assert lines[1].startswith("[mlp] segment 1/3 (warmup) done: handwritten graph")
+    assert lines[2].startswith("[mlp] segment 2/3 (round) done: graph default")  # rotated
     for name, variant in mlp["variants"].items():
-        expected_steps = 2 if variant["eager"] else 3
-        assert variant["steps_per_epoch"] == expected_steps, name
-        (run,) = variant["runs"]
-        assert len(run["epoch_s"]) == 2
-        assert run["steady_step_s"] == pytest.approx(run["epoch_s"][1] / expected_steps)
-        assert run["total_s"] >= sum(run["epoch_s"]) > 0
-        assert len(run["epoch_cpu_s"]) == 2 and run["steady_cpu_step_s"] > 0
-        assert set(variant["summary"]) >= {
-            "steady_step_s",
-            "first_epoch_s",
-            "x_handwritten",
-            "x_keras_fit",
-            "x_data_only",
-        }
+        expected_steps = 2 if variant["eager"] else 4
+        assert variant["steps_per_segment"] == expected_steps, name
+        assert [segment["warmup"] for segment in variant["segments"]] == [True, False, False]
+        assert all(segment["wall_s"] > 0 and segment["cpu_s"] >= 0 for segment in variant["segments"])
+        assert variant["summary"]["rounds"] == 2 and variant["summary"]["step_s"]["median"] > 0
+        assert set(variant["summary"]) >= {"step_s", "cpu_step_s", "warmup_s", "x_handwritten", "x_data_only"}
         if name == "data_only":
-            assert run["final_loss"] is None and variant["validation"] is None
+            assert variant["final_loss"] is None and variant["validation"] is None
         elif name == "step_only":  # trained on one batch: nothing to validate
-            assert math.isfinite(run["final_loss"]) and variant["validation"] is None
+            assert math.isfinite(variant["final_loss"]) and variant["validation"] is None
         else:
-            assert math.isfinite(run["final_loss"]), name
+            assert math.isfinite(variant["final_loss"]), name
             assert set(variant["validation"]) == {"val_loss", "val_accuracy"}
         if name in TRAINER_VARIANTS or name == "keras_fit_timing":
-            assert set(run["timing"]) == TIMING_KEYS, name
+            assert set(variant["timing"]) == TIMING_KEYS, name
     assert mlp["variants"]["eager"]["summary"]["x_handwritten_eager"] is not None
     assert mlp["variants"]["handwritten"]["summary"]["x_handwritten"] == pytest.approx(1.0)
-    assert [t["name"] for t in mlp["targets"]] == [t.name for t in report.MLP_TARGETS] + [
-        "timing_hooks_direct"
-    ]
+    expected = [target.name for target in goals.TARGETS["mlp"]] + ["checkpoint_save", "timing_hooks_direct"]
+    assert [target["name"] for target in mlp["targets"]] == expected
+    for target in mlp["targets"]:  # every goal ran and has an interval (2 rounds) and a verdict
+        assert target["verdict"] in (stats.MET, stats.MISSED, stats.UNDECIDED, stats.REPORTED), target["name"]
+        if target["name"] != "checkpoint_save":
+            assert target["wall"]["samples"] == 2
+            assert target["wall"]["low"] <= target["wall"]["estimate"] <= target["wall"]["high"]
     assert 0 < mlp["timing_hook_s"] < 1e-3  # microseconds, not milliseconds
-    assert mlp["targets"][-1]["hook_s"] == mlp["timing_hook_s"]
-    assert all(t["met"] in (True, False) for t in mlp["targets"])
+    auto = next(target for target in mlp["targets"] if target["name"] == "auto_vs_best_fixed_k")
+    assert auto["baseline"] in goals.AUTO_REFERENCES
 
 
 def test_variants_train_the_same_from_the_same_start(tiny_results):
@@ -114,22 +115,24 @@ def test_variants_train_the_same_from_the_same_start(tiny_results):
 
 def test_trainer_timing_is_recorded(tiny_results):
     variants = tiny_results[0]["workloads"]["mlp"]["variants"]
-    graph_timing = variants["graph"]["runs"][0]["timing"]
-    assert graph_timing["steps"] == 6 and graph_timing["trace_count"] >= 1
-    assert variants["trainer_no_timing"]["runs"][0]["timing"]["steps"] == 0  # nothing measured
-    assert variants["graph_no_sync"]["runs"][0]["timing"]["steps"] == 0
-    assert variants["graph_loop"]["runs"][0]["notes"]["engine"] == "graph+loop2"
-    assert variants["keras_fit_spe"]["runs"][0]["notes"]["steps_per_execution"] == 2
-    # The step count goes in as a tensor: one trace despite a 2-step and a 1-step call per epoch.
-    assert variants["handwritten_loop"]["runs"][0]["notes"] == {"trace_count": 1, "steps_per_call": 2}
-    assert variants["handwritten_xla"]["runs"][0]["notes"]["jit_compile"] is True
-    # 3 steps per epoch -> a save every step (four per epoch at most): steps 1..6.
-    checkpointed = variants["graph_checkpoint"]["runs"][0]
+    graph_timing = variants["graph"]["timing"]
+    assert graph_timing["steps"] == 12 and graph_timing["trace_count"] >= 1  # 3 segments of 4 steps, one fit
+    assert variants["trainer_no_timing"]["timing"]["steps"] == 0  # nothing measured
+    assert variants["graph_no_sync"]["timing"]["steps"] == 0
+    assert variants["graph_loop"]["notes"]["engine"] == "graph+loop2"
+    assert variants["graph_loop_k5"]["notes"]["engine"] == "graph+loop5"
+    assert variants["keras_fit_spe"]["notes"]["steps_per_execution"] == 2
+    # The step count goes in as a tensor: one trace for every segment.
+    assert variants["handwritten_loop"]["notes"] == {"trace_count": 1, "steps_per_call": 2}
+    assert variants["handwritten_xla"]["notes"]["jit_compile"] is True
+    # 3 steps per pass -> a save every step (a quarter pass, at least 1): steps 1..12.
+    checkpointed = variants["graph_checkpoint"]
     assert checkpointed["notes"]["checkpoint_every_steps"] == 1
-    assert checkpointed["timing"]["checkpoint_saves"] == 6
-    assert checkpointed["timing"]["checkpoint_save_median_s"] > 0
+    assert checkpointed["timing"]["checkpoint_saves"] == 12
+    # The saves at the ends of the segments fall between them: measured as gaps.
+    assert all(segment["gap_s"] > 0 for segment in checkpointed["segments"][1:])
     assert graph_timing["checkpoint_saves"] == 0
-    assert variants["step_only"]["runs"][0]["notes"]["trace_count"] == 1
+    assert variants["step_only"]["notes"]["trace_count"] == 1
 
 
 def test_report_and_json_render(tiny_results, tmp_path):
@@ -137,22 +140,42 @@ def test_report_and_json_render(tiny_results, tmp_path):
     text = report.format_report(results)
     for name in config.WORKLOAD_VARIANTS["mlp"]:
         assert name in text
-    assert "Targets:" in text and "x handwr" in text and "x data" in text
-    assert "graph_checkpoint: saved every 1 steps, 6 saves per run" in text
-    assert "== goals" in text and "graph_loop/data_only" in text
+    assert "Goals:" in text and "x handwr" in text and "x data" in text and "(95%, 2 rounds" in text
+    assert "== goals" in text and "graph_loop/data_only" in text and "default/graph_loop_k" in text
+    assert "back-to-back" not in text  # one run only
     floor = results["workloads"]["mlp"]["floor"]
     variants = results["workloads"]["mlp"]["variants"]
     assert floor["data_plus_step_s"] == pytest.approx(
-        variants["data_only"]["summary"]["steady_step_s"]["median"]
-        + variants["step_only"]["summary"]["steady_step_s"]["median"]
+        variants["data_only"]["summary"]["step_s"]["median"]
+        + variants["step_only"]["summary"]["step_s"]["median"]
     )
     assert set(floor["over_floor"]) == {"handwritten_loop", "graph_loop", "keras_fit_spe"}
-    assert "reference for a k-step loop: data_only + step_only = " in text
     path = tmp_path / "results.json"
     report.write_json(results, str(path))
     loaded = json.loads(path.read_text())
-    assert loaded["workloads"]["mlp"]["variants"]["graph"]["runs"][0]["steps_per_epoch"] == 3
-    assert loaded["config"]["workloads"] == ["mlp"]
+    assert loaded["workloads"]["mlp"]["variants"]["graph"]["steps_per_segment"] == 4
+    assert loaded["config"]["workloads"] == ["mlp"] and loaded["config"]["rounds"] == 2
+
+
+def test_back_to_back_runs_report_their_agreement():
+    tiny = config.BenchmarkConfig(
+        workloads="mlp",
+        variants="handwritten,graph",
+        rounds=3,
+        segment_steps=3,
+        num_train=256,
+        num_val=64,
+        agreement=True,
+        validate=False,
+    )
+    results = suite.run_benchmark(tiny)
+    rows = {row["goal"]: row for row in results["agreement"]}
+    assert set(rows) == {"graph_vs_handwritten", "timing_hooks_direct"}
+    row = rows["graph_vs_handwritten"]
+    assert row["agree"] in (True, False)
+    second = results["second_run"]["workloads"]["mlp"]["targets"]
+    assert row["second"] == next(t["wall"] for t in second if t["name"] == "graph_vs_handwritten")
+    assert "== back-to-back agreement: " in report.format_report(results)
 
 
 def test_main_writes_json_and_plot(tmp_path):
@@ -166,7 +189,8 @@ def test_main_writes_json_and_plot(tmp_path):
         "--variants=handwritten,graph,graph_checkpoint",
         "--num_train=256",
         "--num_val=64",
-        "--repeats=2",
+        "--rounds=2",
+        "--segment_steps=2",
         f"--output={output}",
         f"--plot={image}",
     ]
@@ -181,13 +205,11 @@ def test_main_writes_json_and_plot(tmp_path):
     results = json.loads(output.read_text())
     assert list(results["workloads"]["mlp"]["variants"]) == ["handwritten", "graph", "graph_checkpoint"]
     assert "Sharding callback" not in process.stderr  # TensorFlow's INFO lines per save stay quiet
-    assert results["config"]["repeats"] == 2
-    assert len(results["workloads"]["mlp"]["variants"]["graph"]["runs"]) == 2
-    assert "Targets:" in process.stdout and "[NOT RUN]" in process.stdout
-    assert "[mlp] repeat 2/2 graph" in process.stderr
-    # The second repetition starts one variant further down the list.
-    order = [line.split()[3] for line in process.stderr.splitlines() if line.startswith("[mlp] repeat 2/2")]
-    assert order == ["graph", "graph_checkpoint", "handwritten"]
+    assert results["config"]["rounds"] == 2
+    assert len(results["workloads"]["mlp"]["variants"]["graph"]["segments"]) == 3  # warmup + 2 rounds
+    assert "Goals:" in process.stdout and "[NOT RUN]" in process.stdout
+    # The second segment starts one variant further down the list.
+    assert "[mlp] segment 2/3 (round) done: graph graph_checkpoint handwritten" in process.stderr
 
 
 def test_main_rejects_unknown_workload_before_running():
@@ -272,111 +294,63 @@ def test_unknown_names_raise_clear_errors():
     assert config.parse_names("cnn, mlp,cnn", ["mlp", "cnn"], "workload") == ["cnn", "mlp"]
 
 
-def test_repetitions_rotate_the_run_order():
-    names = ("a", "b", "c")
-    assert [suite.rotated(names, repeat) for repeat in range(4)] == [
-        ["a", "b", "c"],
-        ["b", "c", "a"],
-        ["c", "a", "b"],
-        ["a", "b", "c"],
-    ]
-
-
 def test_registries_match_the_light_name_lists():
     assert tuple(workloads.WORKLOADS) == config.WORKLOAD_NAMES
     assert tuple(runners.VARIANTS) == config.VARIANT_NAMES
     assert set(config.WORKLOAD_VARIANTS) == set(config.WORKLOAD_NAMES)
     for own in config.WORKLOAD_VARIANTS.values():
         assert set(own) <= set(config.VARIANT_NAMES) and len(set(own)) == len(own)
-    assert set(report.COLUMNS) == set(report.TARGETS) == set(config.WORKLOAD_NAMES)
+    assert set(report.COLUMNS) == set(goals.TARGETS) == set(config.WORKLOAD_NAMES)
     for name in config.OPTIONAL_VARIANTS:
         assert runners.VARIANTS[name].unavailable_reason is not None
 
 
 def test_config_defaults_and_validation():
     quick = config.BenchmarkConfig(quick=True)
-    assert (quick.repeats, quick.eager_steps, quick.workloads) == (1, 10, config.WORKLOAD_NAMES)
+    assert (quick.rounds, quick.eager_steps, quick.workloads) == (5, 5, config.WORKLOAD_NAMES)
     assert quick.variants is None and quick.variants_for("linear") == config.WORKLOAD_VARIANTS["linear"]
     assert suite.sizes(quick, workloads.WORKLOADS["mlp"]) == (6_000, 1_000)
     assert suite.run_options(quick, workloads.WORKLOADS["linear"]).steps_per_loop == 10
     assert suite.run_options(quick, workloads.WORKLOADS["mlp"]).steps_per_loop == 20
+    assert suite.segment_steps(quick, workloads.WORKLOADS["mlp"]) == 100
     chosen = config.BenchmarkConfig(workloads="mlp,linear", variants="eager,graph", steps_per_loop=5)
     assert chosen.variants_for("mlp") == ("graph", "eager")
     assert chosen.variants_for("linear") == ("eager",)
     assert suite.run_options(chosen, workloads.WORKLOADS["linear"]).steps_per_loop == 5
     full = config.BenchmarkConfig(num_train=1_000)
-    assert (full.repeats, full.eager_steps) == (3, 100)
+    assert (full.rounds, full.eager_steps, full.warmup_segments, full.confidence) == (20, 20, 1, 0.95)
     assert suite.sizes(full, workloads.WORKLOADS["cnn"]) == (1_000, 2_560)
-    with pytest.raises(ValueError, match="epochs=1"):
-        config.BenchmarkConfig(epochs=1)
-    with pytest.raises(ValueError, match="repeats=0"):
-        config.BenchmarkConfig(repeats=0)
+    # Every full-size segment is a multiple of each k the auto goal compares.
+    for name in ("mlp", "cnn", "linear"):
+        steps = suite.segment_steps(full, workloads.WORKLOADS[name])
+        assert all(steps % k == 0 for k in runners.AUTO_REFERENCE_K), name
+    for name in ("default", "graph_loop_k1", "graph_loop_k100"):
+        assert name in config.WORKLOAD_VARIANTS["linear"] and name in config.WORKLOAD_VARIANTS["cnn"]
+    with pytest.raises(ValueError, match="rounds=0"):
+        config.BenchmarkConfig(rounds=0)
+    with pytest.raises(ValueError, match="segment_steps=0"):
+        config.BenchmarkConfig(segment_steps=0)
+    with pytest.raises(ValueError, match=r"confidence=1.0.*Expected a number in \[0.5, 1\)"):
+        config.BenchmarkConfig(confidence=1.0)
 
 
-def _runs(*steps_ms):
-    return {"runs": [{"repeat": i, "steady_step_s": value / 1e3} for i, value in enumerate(steps_ms)]}
-
-
-def test_ratios_and_targets_on_hand_made_numbers():
-    result = {
-        "name": "mlp",
-        "variants": {
-            "handwritten": _runs(1.0, 1.2, 1.1),  # median 1.1
-            "graph": _runs(1.3, 1.1, 1.2),  # median 1.2: 1.0909x handwritten -> missed
-            "trainer_no_timing": _runs(1.2, 1.19, 1.18),  # median 1.19: graph is 1.0084x -> met
-            "keras_fit": _runs(2.0, 2.5, 1.5),  # median 2.0
-            "graph_loop": _runs(1.3, 1.2, 1.1),  # median 1.2: 0.6x keras_fit -> met (<=)
-            "handwritten_eager": _runs(10.0, 10.0, 10.0),
-            "eager": _runs(10.6, 10.8, 10.7),  # median 10.7: 1.07x -> missed
-            "data_only": _runs(1.0, 0.9, 0.95),  # median 0.95: graph_loop is 1.263x -> met
-        },
-    }
-    report.add_summaries(result)
-    graph = result["variants"]["graph"]["summary"]
-    assert graph["steady_step_s"] == pytest.approx({"median": 1.2e-3, "min": 1.1e-3, "max": 1.3e-3})
-    assert graph["x_handwritten"] == pytest.approx(1.2 / 1.1)
-    assert graph["x_keras_fit"] == pytest.approx(0.6)
-    assert result["variants"]["eager"]["summary"]["x_handwritten_eager"] == pytest.approx(1.07)
-    targets = {t["name"]: t for t in result["targets"]}
-    assert targets["graph_vs_handwritten"]["ratio"] == pytest.approx(1.2 / 1.1)
-    assert targets["graph_vs_handwritten"]["met"] is False
-    assert targets["graph_vs_handwritten"]["ratio_per_repeat"] == pytest.approx([1.3, 1.1 / 1.2, 1.2 / 1.1])
-    assert targets["graph_loop_vs_keras_fit"]["met"] is True
-    assert targets["eager_vs_handwritten_eager"]["met"] is False
-    assert targets["timing_overhead"]["ratio"] == pytest.approx(1.2 / 1.19)
-    assert targets["timing_overhead"]["met"] is True
-    assert targets["timing_overhead"]["cpu_ratio"] is None  # no CPU times in these runs
-    assert targets["graph_loop_vs_data_only"]["ratio"] == pytest.approx(1.2 / 0.95)
-    assert targets["graph_loop_vs_data_only"]["met"] is True
-    assert targets["xla_vs_handwritten_xla"]["met"] is None  # not run
-    assert result["variants"]["graph_loop"]["summary"]["x_data_only"] == pytest.approx(1.2 / 0.95)
-    # Per repeat graph/handwritten is 1.3, 0.917, 1.091: on both sides of 1.05.
-    assert targets["graph_vs_handwritten"]["conclusive"] is False
-    assert targets["graph_loop_vs_keras_fit"]["conclusive"] is False  # 0.65, 0.48, 0.733
-    assert targets["eager_vs_handwritten_eager"]["conclusive"] is True  # 1.06, 1.08, 1.07: all miss
-    line = report.format_target(targets["graph_vs_handwritten"])
-    assert line.startswith("[MISSED, INCONCLUSIVE]") and "1.091" in line and "<= 1.05" in line
-    assert report.format_target(targets["eager_vs_handwritten_eager"]).startswith("[MISSED]")
-
-
-def test_targets_edges():
-    timing = next(t for t in report.MLP_TARGETS if t.name == "timing_overhead")
-    assert timing.met_by(1.019) and not timing.met_by(1.02)  # "under 2%" is strict
-    graph = next(t for t in report.MLP_TARGETS if t.name == "graph_vs_handwritten")
-    assert graph.met_by(1.05) and not graph.met_by(1.0501)
-    cnn = {(t.variant, t.baseline, t.max_ratio) for t in report.TARGETS["cnn"]}
-    assert cnn == {
+def test_goals_per_workload():
+    cnn = {(t.variant, t.baseline, t.max_ratio) for t in goals.TARGETS["cnn"]}
+    assert {
         ("graph", "keras_fit", 1.0),
         ("default", "keras_fit", 1.0),
         ("graph_loop", "keras_fit_spe", 1.0),
-    }
-    default = next(t for t in report.MLP_TARGETS if t.name == "default_vs_keras_fit")
+        ("graph_loop", "handwritten_loop", 1.05),
+        ("xla", "handwritten_xla", 1.05),
+    } <= cnn
+    assert goals.AUTO_GOAL in goals.TARGETS["linear"] and goals.AUTO_GOAL in goals.TARGETS["mlp"]
+    default = next(t for t in goals.TARGETS["mlp"] if t.name == "default_vs_keras_fit")
     assert (default.variant, default.baseline, default.max_ratio) == ("default", "keras_fit", 0.5)
-    missing = report.evaluate_targets({"graph": _runs(1.0)}, report.MLP_TARGETS)
-    assert all(t["met"] is None for t in missing)
+    (simclr,) = goals.TARGETS["simclr"]
+    assert (simclr.variant, simclr.baseline, simclr.max_ratio) == ("graph", "keras_fit", 1.0)
+    missing = goals.evaluate_workload({"name": "mlp", "variants": {}})
+    assert all(t["verdict"] == stats.NOT_RUN for t in missing)
     assert report.format_target(missing[0]).startswith("[NOT RUN]")
-    overview = "\n".join(report.format_overview({"workloads": {"mlp": {"targets": missing}}}))
-    assert "graph/handwritten" in overview and "NOT RUN" in overview
 
 
 def test_workload_models_and_data():
@@ -412,10 +386,13 @@ def test_the_shuffled_pipeline_reshuffles_each_pass_and_caches_nothing():
 
 @pytest.fixture(scope="module")
 def linear_and_simclr_results():
-    """The linear and SimCLR workloads, tiny: 2 steps per epoch, a narrow ResNet-18."""
+    """The linear and SimCLR workloads, tiny: 2-step segments, a narrow ResNet-18."""
     tiny = config.BenchmarkConfig(
         workloads="linear,simclr",
-        repeats=1,
+        variants="default,graph_loop,xla_loop,eager,torch_eager,graph,keras_fit",
+        rounds=2,
+        segment_steps=2,
+        eager_steps=2,
         steps_per_loop=2,
         num_train=128,
         num_val=32,
@@ -431,16 +408,19 @@ def test_linear_workload_runs_eager_graph_and_xla_to_the_same_loss(linear_and_si
     linear = results["workloads"]["linear"]
     assert linear["steps_per_loop"] == 2 and linear["steps_per_epoch"] == 2
     variants = linear["variants"]
-    assert list(variants) == list(config.WORKLOAD_VARIANTS["linear"])
+    assert list(variants) == ["default", "graph_loop", "xla_loop", "eager", "torch_eager"]
     reference = variants["graph_loop"]["validation"]["val_loss"]
     assert variants["eager"]["validation"]["val_loss"] == pytest.approx(reference, rel=1e-5)
+    assert variants["default"]["validation"]["val_loss"] == pytest.approx(reference, rel=1e-5)
     assert variants["xla_loop"]["validation"]["val_loss"] == pytest.approx(reference, rel=1e-4)
-    assert variants["xla_loop"]["runs"][0]["notes"]["engine"] == "xla+loop2"
+    assert variants["xla_loop"]["notes"]["engine"] == "xla+loop2"
     assert variants["graph_loop"]["summary"]["x_eager"] is not None
+    (auto,) = linear["targets"]  # no fixed-k variant ran
+    assert auto["name"] == "auto_vs_best_fixed_k" and auto["verdict"] == stats.NOT_RUN
     # In this process TensorFlow loaded first: PyTorch is skipped (not installed, or loaded too late).
     reason = variants["torch_eager"]["skipped"]
     assert reason == optional.torch_unavailable_reason() and reason.startswith("torch ")
-    assert variants["torch_eager"]["runs"] == []
+    assert variants["torch_eager"]["segments"] == []
     assert any(line.startswith("[linear] skipping torch_eager: torch ") for line in lines)
     assert "torch_eager          skipped: torch " in report.format_report(results)
 
@@ -465,7 +445,7 @@ def test_main_runs_pytorch_side_by_side_when_installed(tmp_path):
     if TORCH_INSTALLED:  # same start, batches and SGD step as TensorFlow: the same validation loss
         reference = variants["graph_loop"]["validation"]["val_loss"]
         assert variants["torch_eager"]["validation"]["val_loss"] == pytest.approx(reference, rel=1e-4)
-        assert variants["torch_eager"]["runs"][0]["notes"]["torch"]
+        assert variants["torch_eager"]["notes"]["torch"]
     else:
         assert list(variants) == ["graph_loop"]
 
@@ -482,28 +462,19 @@ def test_missing_optional_package_skips_its_variant(monkeypatch):
 def test_simclr_step_runs_under_the_trainer_and_model_fit_alike(linear_and_simclr_results):
     simclr = linear_and_simclr_results[0]["workloads"]["simclr"]
     assert list(simclr["variants"]) == ["graph", "keras_fit"]
-    graph, fit = (simclr["variants"][name]["runs"][0] for name in ("graph", "keras_fit"))
-    assert graph["steps_per_epoch"] == fit["steps_per_epoch"] == 2
+    graph, fit = (simclr["variants"][name] for name in ("graph", "keras_fit"))
+    assert graph["steps_per_segment"] == fit["steps_per_segment"] == 2
     # Same start, same batches, same LARS step: the same training loss.
     assert graph["final_loss"] == pytest.approx(fit["final_loss"], rel=1e-4)
-    assert graph["timing"]["steps"] == 4
-    assert simclr["variants"]["graph"]["summary"]["x_keras_fit"] is not None
-    assert simclr["targets"] == []
+    assert graph["timing"]["steps"] == 6
+    (goal,) = simclr["targets"]
+    assert goal["name"] == "graph_vs_keras_fit" and goal["wall"]["samples"] == 2
 
 
 def test_call_counts_split_an_epoch_into_k_step_calls():
     assert runners.call_counts(7, 3) == [3, 3, 1]
     assert runners.call_counts(6, 3) == [3, 3]
     assert runners.call_counts(2, 5) == [2]
-
-
-def test_timing_hook_goal_from_the_direct_measurement():
-    met = report.timing_hook_target(10e-6, 1e-3)  # 10 us of a 1 ms step
-    assert met["ratio"] == pytest.approx(1e-3 / 0.99e-3) and met["met"] is True
-    missed = report.timing_hook_target(30e-6, 1e-3)
-    assert missed["ratio"] == pytest.approx(1 / 0.97) and missed["met"] is False
-    assert "30.0 us per host call" in report.format_target(missed)
-    assert report.timing_hook_target(10e-6, None)["met"] is None
 
 
 def test_main_help_lists_every_flag_the_docs_table_names():
@@ -522,5 +493,15 @@ def test_main_help_lists_every_flag_the_docs_table_names():
         assert f"--{flag}:" in listed, flag
     in_help = {line.split(":")[0].strip()[2:] for line in listed.splitlines() if line.startswith("  --")}
     assert in_help == documented  # the docs' flag table and --help name the same flags
-    for flag in ("workload", "variants", "repeats", "quick", "output", "plot", "seed", "simclr_width"):
+    for flag in (
+        "workload",
+        "variants",
+        "rounds",
+        "agreement",
+        "quick",
+        "output",
+        "plot",
+        "seed",
+        "simclr_width",
+    ):
         assert f"--{flag}:" in listed and f"`--{flag}`" in table, flag

@@ -1,8 +1,8 @@
 """Benchmarks the ways to train with tftrain against model.fit, a hand-written loop and PyTorch.
 
-Usage: python -m tftrain.bench [--quick] [--workload=mlp,cnn,linear,simclr] [--repeats=N]
-       [--variants=...] [--epochs=N] [--steps_per_loop=K] [--output=results.json]
-       [--plot=results.png]
+Usage: python -m tftrain.bench [--quick] [--workload=mlp,cnn,linear,simclr] [--rounds=N]
+       [--variants=...] [--segment_steps=N] [--steps_per_loop=K] [--agreement]
+       [--output=results.json] [--plot=results.png]
 """
 
 import os
@@ -14,7 +14,7 @@ from tftrain.bench import config as config_lib
 from tftrain.bench import optional, outputs
 
 _QUICK = flags.DEFINE_bool(
-    "quick", False, "A short run: fewer examples and eager steps (see the report), 1 repeat by default."
+    "quick", False, "A short run: fewer examples, shorter segments, 5 rounds by default."
 )
 _OUTPUT = flags.DEFINE_string(
     "output", None, "Write all results (every run, summaries, targets) as JSON here (after the whole run)."
@@ -35,13 +35,23 @@ _VARIANTS = flags.DEFINE_string(
     "Comma-separated variants (default: every variant of each workload): "
     f"{', '.join(config_lib.VARIANT_NAMES)}.",
 )
-_REPEATS = flags.DEFINE_integer(
-    "repeats",
+_ROUNDS = flags.DEFINE_integer(
+    "rounds",
     None,
-    "Alternating repetitions of every variant; medians are reported. Default 3, or 1 with --quick.",
+    "Measured rounds: in each, every variant runs one segment, in a rotated order. Default 20, or 5 with --quick.",
 )
-_EPOCHS = flags.DEFINE_integer(
-    "epochs", 2, "Epochs per run (>= 2); the first includes tracing, the rest are steady state."
+_WARMUP = flags.DEFINE_integer(
+    "warmup_segments", 1, "Segments per variant before the rounds (tracing, first calls); not compared."
+)
+_SEGMENT_STEPS = flags.DEFINE_integer(
+    "segment_steps",
+    None,
+    "Steps per segment of the non-eager variants. Default: each workload's own (300 mlp, 100 cnn and linear, "
+    "2 simclr; fewer with --quick).",
+)
+_CONFIDENCE = flags.DEFINE_float("confidence", 0.95, "Confidence level of every interval.")
+_AGREEMENT = flags.DEFINE_bool(
+    "agreement", False, "Run the suite twice, back to back, and report whether the two runs' ratios agree."
 )
 _STEPS_PER_LOOP = flags.DEFINE_integer(
     "steps_per_loop",
@@ -64,7 +74,7 @@ _SIMCLR_WIDTH = flags.DEFINE_float(
 _EAGER_STEPS = flags.DEFINE_integer(
     "eager_steps",
     None,
-    "Steps per epoch for the eager variants (they are slow); 0 = full epochs. Default 100, or 10 with --quick.",
+    "Steps per segment of the eager variants (they are slow). Default 20, or 5 with --quick.",
 )
 _NUM_TRAIN = flags.DEFINE_integer(
     "num_train",
@@ -102,8 +112,9 @@ def main(argv: list[str]) -> None:
             workloads=_WORKLOAD.value,
             variants=_VARIANTS.value,
             quick=_QUICK.value,
-            repeats=_REPEATS.value,
-            epochs=_EPOCHS.value,
+            rounds=_ROUNDS.value,
+            warmup_segments=_WARMUP.value,
+            segment_steps=_SEGMENT_STEPS.value,
             steps_per_loop=_STEPS_PER_LOOP.value,
             eager_steps=_EAGER_STEPS.value,
             num_train=_NUM_TRAIN.value,
@@ -114,6 +125,8 @@ def main(argv: list[str]) -> None:
             seed=_SEED.value,
             autotune=_AUTOTUNE.value,
             shuffle_buffer=_SHUFFLE_BUFFER.value,
+            confidence=_CONFIDENCE.value,
+            agreement=_AGREEMENT.value,
         )
         _check_requested_optional_variants(config)
         outputs.check_outputs(_OUTPUT.value, _PLOT.value)

@@ -24,6 +24,10 @@ VARIANT_NAMES = (
     "xla",
     "handwritten_loop",
     "graph_loop",
+    "graph_loop_k1",
+    "graph_loop_k5",
+    "graph_loop_k20",
+    "graph_loop_k100",
     "xla_loop",
     "keras_fit",
     "keras_fit_spe",
@@ -41,7 +45,19 @@ WORKLOAD_VARIANTS = {
     "mlp": _CLASSIFIER_VARIANTS,
     "cnn": _CLASSIFIER_VARIANTS,
     # The TF-vs-PyTorch comparison: eager, graph and XLA, k = 10 steps per call.
-    "linear": ("eager", "graph_loop", "xla_loop", "torch_eager", "data_only"),
+    # ... and "auto" against the fixed k in {1, 5, 20, 100}.
+    "linear": (
+        "default",
+        "graph_loop",
+        "graph_loop_k1",
+        "graph_loop_k5",
+        "graph_loop_k20",
+        "graph_loop_k100",
+        "xla_loop",
+        "eager",
+        "torch_eager",
+        "data_only",
+    ),
     "simclr": ("graph", "keras_fit"),
 }
 # Variants that need an optional package: name -> (module, how to install it).
@@ -101,17 +117,21 @@ class BenchmarkConfig:
         variants: Variant names; None means every variant of each chosen
             workload (`WORKLOAD_VARIANTS`). Each workload runs the named
             variants it has; a name that no chosen workload has is an error.
-        quick: A short run: the workloads' small quick-mode sizes, and the
-            quick defaults of `repeats` and `eager_steps`.
-        repeats: Repetitions; each runs every variant once, in turn. None
-            means 3, or 1 in quick mode.
-        epochs: Epochs per run (>= 2: the first includes tracing and is
-            reported separately from the steady-state epochs).
+        quick: A short run: the workloads' small quick-mode sizes and
+            segments, and the quick defaults of `rounds` and `eager_steps`.
+        rounds: Measured rounds; in each, every variant runs one segment, in
+            a rotated order. None means 20, or 5 in quick mode.
+        warmup_segments: Segments each variant runs before the measured
+            rounds (tracing, the first calls, `"auto"`'s probing); not compared.
+        segment_steps: Steps per segment of every non-eager variant; None
+            means each workload's own (see `workloads.Workload.segment_steps`).
+            A k-step variant's calls are cut at a segment's end, so a segment
+            should be a multiple of every k compared.
         steps_per_loop: `k` of the k-steps-per-call variants (`graph_loop`,
             `xla_loop`, `handwritten_loop`, `keras_fit_spe`); None means each
             workload's own (20 for the classifiers, 10 for `linear`).
-        eager_steps: Steps per epoch for eager variants (capped at a full
-            epoch); 0 means full epochs; None means 100, or 10 in quick mode.
+        eager_steps: Steps per segment of the eager variants (they are
+            slow); None means 20, or 5 in quick mode.
         num_train: Training examples, overriding the workloads' defaults.
         num_val: Validation examples, overriding the workloads' defaults.
         batch_size: Batch size; None means each workload's own (128 for the
@@ -128,6 +148,9 @@ class BenchmarkConfig:
             (see `workloads.make_dataset`).
         shuffle_buffer: Train on examples reshuffled each pass through a
             buffer of this size (no cache) instead of the cached batches.
+        confidence: Confidence level of every interval (0.95 by default).
+        agreement: Run the whole suite twice, back to back, and report
+            whether each goal's two ratios lie within each other's intervals.
 
     Raises:
         ValueError: an unknown name or a bad number.
@@ -136,8 +159,9 @@ class BenchmarkConfig:
     workloads: Sequence[str] | str = WORKLOAD_NAMES
     variants: Sequence[str] | str | None = None
     quick: bool = False
-    repeats: int | None = None
-    epochs: int = 2
+    rounds: int | None = None
+    warmup_segments: int = 1
+    segment_steps: int | None = None
     steps_per_loop: int | None = None
     eager_steps: int | None = None
     num_train: int | None = None
@@ -149,6 +173,8 @@ class BenchmarkConfig:
     validate: bool = True
     autotune: bool = False
     shuffle_buffer: int | None = None
+    confidence: float = 0.95
+    agreement: bool = False
 
     def __post_init__(self):
         workloads = parse_names(self.workloads, WORKLOAD_NAMES, "workload")
@@ -165,22 +191,30 @@ class BenchmarkConfig:
                     + "."
                 )
             object.__setattr__(self, "variants", tuple(variants))
-        if self.repeats is None:
-            object.__setattr__(self, "repeats", 1 if self.quick else 3)
+        if self.rounds is None:
+            object.__setattr__(self, "rounds", 5 if self.quick else 20)
         if self.eager_steps is None:
-            object.__setattr__(self, "eager_steps", 10 if self.quick else 100)
-        _check_int("repeats", self.repeats, 1)
-        _check_int(
-            "epochs", self.epochs, 2, hint=" (the first epoch includes tracing and is reported separately)"
-        )
+            object.__setattr__(self, "eager_steps", 5 if self.quick else 20)
+        _check_int("rounds", self.rounds, 1, hint=" (2 or more give an interval)")
+        _check_int("warmup_segments", self.warmup_segments, 0)
+        _check_int("segment_steps", self.segment_steps, 1, allow_none=True)
         _check_int("steps_per_loop", self.steps_per_loop, 1, allow_none=True)
-        _check_int("eager_steps", self.eager_steps, 0)
+        _check_int("eager_steps", self.eager_steps, 1)
         _check_int("num_train", self.num_train, 1, allow_none=True)
         _check_int("num_val", self.num_val, 1, allow_none=True)
         _check_int("batch_size", self.batch_size, 1, allow_none=True)
         _check_int("checkpoint_every_steps", self.checkpoint_every_steps, 1, allow_none=True)
         _check_int("seed", self.seed, 0)
         _check_int("shuffle_buffer", self.shuffle_buffer, 1, allow_none=True)
+        if (
+            isinstance(self.confidence, bool)
+            or not isinstance(self.confidence, float)
+            or not 0.5 <= self.confidence < 1
+        ):
+            raise ValueError(
+                f"Invalid value for argument `confidence`. Received: confidence={self.confidence!r}. "
+                "Expected a number in [0.5, 1), e.g. 0.95."
+            )
         if (
             isinstance(self.simclr_width, bool)
             or not isinstance(self.simclr_width, (int, float))

@@ -40,7 +40,7 @@ def _bars(workload_result: dict[str, Any]) -> list[tuple[str, float, float, floa
     """`(label, median, min, max)` in ms per step of every variant that ran."""
     bars = []
     for name, variant in workload_result["variants"].items():
-        step = (variant.get("summary") or {}).get("steady_step_s") or {}
+        step = (variant.get("summary") or {}).get("step_s") or {}
         if step.get("median") is None:
             continue
         label = name + ("*" if variant.get("eager") else "")
@@ -92,7 +92,7 @@ def plot_results(results: dict[str, Any], path: str | IO[bytes], image_format: s
         axes.set_title(
             textwrap.shorten(f"{name}: {description}", 95, placeholder=" ..."), fontsize=9, loc="left"
         )
-        axes.set_xlabel("ms per training step (median, min-max over repeats; * = eager)")
+        axes.set_xlabel("ms per training step (median, min-max over rounds; * = eager)")
         axes.margins(x=0.15)
     environment = results.get("environment", {})
     figure.suptitle(

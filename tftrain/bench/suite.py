@@ -1,29 +1,32 @@
-"""The benchmark: every chosen variant on every chosen workload, repetitions alternating."""
+"""The benchmark: every chosen variant of a workload in one process, in interleaved segments."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from tftrain.bench import report, runners, workloads
+from tftrain.bench import goals, report, runners, segments, workloads
 from tftrain.bench.config import BenchmarkConfig
 
 
 def run_options(config: BenchmarkConfig, workload: workloads.Workload) -> runners.RunOptions:
     """The per-run options of a config for one workload (its own `k` unless the config sets one)."""
     return runners.RunOptions(
-        epochs=config.epochs,
         steps_per_loop=config.steps_per_loop or workload.steps_per_loop,
-        eager_steps=config.eager_steps or None,
         checkpoint_every_steps=config.checkpoint_every_steps,
     )
+
+
+def segment_steps(config: BenchmarkConfig, workload: workloads.Workload) -> int:
+    """Steps per segment of a workload's non-eager variants under a config."""
+    return config.segment_steps or workload.segment(config.quick)
 
 
 def model_options(config: BenchmarkConfig, workload: workloads.Workload) -> dict[str, Any]:
@@ -50,23 +53,6 @@ def environment() -> dict[str, Any]:
     }
 
 
-def rotated(names: tuple[str, ...] | list[str], repeat: int) -> list[str]:
-    """The run order of one repetition: `names` rotated left by `repeat`.
-
-    Args:
-        names: The variants in their canonical order.
-        repeat: The repetition's index.
-
-    Returns:
-        The names in the order to run them.
-    """
-    names = list(names)
-    if not names:
-        return names
-    shift = repeat % len(names)
-    return names[shift:] + names[:shift]
-
-
 def _steal_seconds() -> float | None:
     """CPU time the hypervisor gave to others (all CPUs, `steal` in /proc/stat), if known."""
     try:
@@ -84,46 +70,123 @@ def _load_average() -> float | None:
         return None
 
 
-def _run_record(repeat: int, result: runners.RunResult) -> dict[str, Any]:
-    steady_epochs = result.epoch_s[1:]
-    steady_epoch_s = statistics.median(steady_epochs) if steady_epochs else None
-    steady_cpu = result.epoch_cpu_s[1:]
-    steady_epoch_cpu_s = statistics.median(steady_cpu) if steady_cpu else None
-    return {
-        "repeat": repeat,
-        "total_s": result.total_s,
-        "epoch_s": list(result.epoch_s),
-        "first_epoch_s": result.epoch_s[0] if result.epoch_s else None,
-        "steady_epoch_s": steady_epoch_s,
-        "steady_step_s": None if steady_epoch_s is None else steady_epoch_s / result.steps_per_epoch,
-        "epoch_cpu_s": list(result.epoch_cpu_s),
-        "steady_cpu_step_s": None
-        if steady_epoch_cpu_s is None
-        else steady_epoch_cpu_s / result.steps_per_epoch,
-        "steps_per_epoch": result.steps_per_epoch,
-        "final_loss": result.final_loss,
-        "timing": result.timing,
-        "notes": result.notes,
-    }
+def _segment_records(lane: segments.Lane, warmup: int) -> list[dict[str, Any]]:
+    return [
+        {"wall_s": segment.wall_s, "cpu_s": segment.cpu_s, "gap_s": segment.gap_s, "warmup": index < warmup}
+        for index, segment in enumerate(lane.measured)
+    ]
 
 
-def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Runs the benchmark.
-
-    For each workload the data and initial weights are built once; then
-    `for repeat in range(repeats): for variant in variants: run`, so slow
-    drifts of the machine spread over all variants; each repetition starts
-    one variant further down the list (`rotated`), so no variant always runs
-    first (the cyclic order, and so each variant's neighbours, stay the same).
+def run_workload(config: BenchmarkConfig, name: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """One workload: its variants built once, then interleaved segments, then summaries and goals.
 
     Args:
         config: What to run.
-        progress: Called with one line per run (and per workload); None is silent.
+        name: The workload.
+        say: Progress lines.
+
+    Returns:
+        The workload's results (see `run_benchmark`).
+    """
+    workload = workloads.WORKLOADS[name]
+    options = run_options(config, workload)
+    num_train, num_val = sizes(config, workload)
+    steps = segment_steps(config, workload)
+    say(f"[{name}] preparing {num_train:,} train / {num_val:,} validation synthetic examples")
+    data = workloads.prepare(
+        workload,
+        num_train,
+        num_val,
+        batch_size=config.batch_size,
+        seed=config.seed,
+        autotune=config.autotune,
+        shuffle_buffer=config.shuffle_buffer,
+        model_options=model_options(config, workload),
+    )
+    variant_results: dict[str, dict[str, Any]] = {}
+    lane_runners, lane_steps = {}, {}
+    for variant_name in config.variants_for(name):
+        variant = runners.VARIANTS[variant_name]
+        skipped = variant.unavailable()
+        variant_results[variant_name] = {
+            "description": variant.description,
+            "eager": variant.eager,
+            "steps_per_segment": config.eager_steps if variant.eager else steps,
+            "segments": [],
+            "validation": None,
+            "skipped": skipped,
+        }
+        if skipped:
+            say(f"[{name}] skipping {variant_name}: {skipped}")
+            continue
+        lane_runners[variant_name] = functools.partial(variant.run, data, options)
+        lane_steps[variant_name] = variant_results[variant_name]["steps_per_segment"]
+    total = config.warmup_segments + config.rounds
+    steal_before = _steal_seconds()
+
+    def on_round(index: int, order: list[str]) -> None:
+        kind = "warmup" if index < config.warmup_segments else "round"
+        say(f"[{name}] segment {index + 1}/{total} ({kind}) done: {' '.join(order)}")
+
+    lanes = segments.interleave(lane_runners, lane_steps, total, on_round=on_round)
+    steal_after = _steal_seconds()
+    for variant_name, lane in lanes.items():
+        outcome = lane.result
+        record = variant_results[variant_name]
+        record.update(
+            segments=_segment_records(lane, config.warmup_segments),
+            final_loss=outcome.final_loss,
+            timing=outcome.timing,
+            notes=outcome.notes,
+        )
+        if config.validate and outcome.model is not None and workload.evaluate:
+            record["validation"] = workload.evaluate(outcome.model, data.val)
+    result = {
+        "name": name,
+        "description": workload.description,
+        "num_train": num_train,
+        "num_val": num_val,
+        "data": workload.data_description
+        + (
+            f"; reshuffled each pass through a {config.shuffle_buffer:,}-example buffer, no cache"
+            if config.shuffle_buffer
+            else "; batched and cached"
+        ),
+        "batch_size": data.batch_size,
+        "steps_per_loop": options.steps_per_loop,
+        "segment_steps": steps,
+        "steps_per_epoch": data.steps_per_epoch,
+        "num_params": data.num_params(),
+        "variants": variant_results,
+        "steal_s": None if steal_before is None or steal_after is None else steal_after - steal_before,
+    }
+    if "graph" in lanes and name in goals.TIMING_HOOK_WORKLOADS:
+        result["timing_hook_s"] = runners.timing_hook_seconds()
+    result["load_average_1min_after"] = _load_average()
+    report.add_summaries(result, config.confidence)
+    return result
+
+
+def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Runs the benchmark; with `config.agreement`, twice, back to back.
+
+    Per workload, every chosen variant is built once in this process (its
+    model, traced functions and input iterator) and trains in short
+    segments: `config.warmup_segments` segments first (not compared), then
+    `config.rounds` rounds in which every variant runs one segment, in an
+    order rotated each round (`segments.interleave`). Each goal's ratio is
+    paired by round and gets a confidence interval (`goals`, `stats`).
+
+    Args:
+        config: What to run.
+        progress: Called with one line per round (and per workload); None is silent.
 
     Returns:
         A JSON-serializable dict: `config`, `environment` and `workloads`
-        (per workload: sizes, and per variant its runs, summary and ratios,
-        plus the performance targets); see `report`.
+        (per workload: sizes, and per variant its segments, summary and
+        ratios, plus its `targets`: goals with intervals and verdicts); with
+        `agreement`, also `second_run` (the second run's workloads) and
+        `agreement` (`goals.agreement`).
     """
     say = progress or (lambda line: None)
     results: dict[str, Any] = {
@@ -132,85 +195,11 @@ def run_benchmark(config: BenchmarkConfig, progress: Callable[[str], None] | Non
             for key, value in dataclasses.asdict(config).items()
         },
         "environment": environment(),
-        "workloads": {},
+        "workloads": {name: run_workload(config, name, say) for name in config.workloads},
     }
-    for name in config.workloads:
-        workload = workloads.WORKLOADS[name]
-        options = run_options(config, workload)
-        num_train, num_val = sizes(config, workload)
-        say(f"[{name}] preparing {num_train:,} train / {num_val:,} validation synthetic examples")
-        data = workloads.prepare(
-            workload,
-            num_train,
-            num_val,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            autotune=config.autotune,
-            shuffle_buffer=config.shuffle_buffer,
-            model_options=model_options(config, workload),
-        )
-        variant_results: dict[str, dict[str, Any]] = {}
-        runnable = []
-        for variant_name in config.variants_for(name):
-            variant = runners.VARIANTS[variant_name]
-            steps = runners.eager_steps_per_epoch(data, options) if variant.eager else data.steps_per_epoch
-            skipped = variant.unavailable()
-            variant_results[variant_name] = {
-                "description": variant.description,
-                "eager": variant.eager,
-                "steps_per_epoch": steps,
-                "runs": [],
-                "validation": None,
-                "skipped": skipped,
-            }
-            if skipped:
-                say(f"[{name}] skipping {variant_name}: {skipped}")
-            else:
-                runnable.append(variant_name)
-        for repeat in range(config.repeats):
-            for variant_name in rotated(runnable, repeat):
-                variant = runners.VARIANTS[variant_name]
-                steal_before = _steal_seconds()
-                result = variant.run(data, options)
-                record = _run_record(repeat, result)
-                steal_after = _steal_seconds()
-                if steal_before is not None and steal_after is not None:
-                    record["steal_s"] = steal_after - steal_before
-                variant_results[variant_name]["runs"].append(record)
-                if config.validate and repeat == 0 and result.model is not None and workload.evaluate:
-                    variant_results[variant_name]["validation"] = workload.evaluate(result.model, data.val)
-                say(_progress_line(name, repeat, config.repeats, variant_name, record))
-        workload_result = {
-            "name": name,
-            "description": workload.description,
-            "num_train": num_train,
-            "num_val": num_val,
-            "data": workload.data_description
-            + (
-                f"; reshuffled each pass through a {config.shuffle_buffer:,}-example buffer, no cache"
-                if config.shuffle_buffer
-                else "; batched and cached"
-            ),
-            "batch_size": data.batch_size,
-            "steps_per_loop": options.steps_per_loop,
-            "steps_per_epoch": data.steps_per_epoch,
-            "num_params": data.num_params(),
-            "variants": variant_results,
-        }
-        if "graph" in runnable and name in report.TIMING_HOOK_WORKLOADS:
-            workload_result["timing_hook_s"] = runners.timing_hook_seconds()
-        workload_result["load_average_1min_after"] = _load_average()
-        report.add_summaries(workload_result)
-        results["workloads"][name] = workload_result
+    if config.agreement:
+        say("second run, back to back, for the agreement check")
+        second = {"workloads": {name: run_workload(config, name, say) for name in config.workloads}}
+        results["second_run"] = second
+        results["agreement"] = goals.agreement(results, second)
     return results
-
-
-def _progress_line(workload: str, repeat: int, repeats: int, variant: str, record: dict[str, Any]) -> str:
-    epochs = ", ".join(f"{seconds:.2f}" for seconds in record["epoch_s"])
-    step = record["steady_step_s"]
-    step_text = "n/a" if step is None else f"{step * 1e3:.3f} ms/step"
-    return (
-        f"[{workload}] repeat {repeat + 1}/{repeats} {variant:<18} {record['steps_per_epoch']} steps/epoch, "
-        f"epochs [{epochs}] s, total {record['total_s']:.2f} s, steady {step_text}"
-        + (f", steal {record['steal_s']:.2f} s" if "steal_s" in record else "")
-    )

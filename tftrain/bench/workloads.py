@@ -110,6 +110,9 @@ class Workload:
         quick_num_val: Validation examples with `quick=True`.
         batch_size: Batch size.
         steps_per_loop: `k` of the k-steps-per-call variants.
+        segment_steps: Steps per measured segment (a multiple of every k
+            compared, 1, 5, 20 and 100 included, where the step is short).
+        quick_segment_steps: Steps per segment with `quick=True`.
         data_description: What the data is, for the report.
     """
 
@@ -127,7 +130,13 @@ class Workload:
     quick_num_val: int = 1_000
     batch_size: int = BATCH_SIZE
     steps_per_loop: int = 20
+    segment_steps: int = 300
+    quick_segment_steps: int = 100
     data_description: str = "synthetic, in memory"
+
+    def segment(self, quick: bool) -> int:
+        """Steps per segment for a full or quick run."""
+        return self.quick_segment_steps if quick else self.segment_steps
 
     def sizes(self, quick: bool) -> tuple[int, int]:
         """Returns `(num_train, num_val)` for a full or quick run."""
@@ -215,6 +224,7 @@ def make_dataset(
     autotune: bool = False,
     shuffle_buffer: int | None = None,
     seed: int = 0,
+    repeat: bool = False,
 ) -> tf.data.Dataset:
     """The input pipeline every variant reads: in-memory tensors, batched, cached, prefetched.
 
@@ -238,6 +248,8 @@ def make_dataset(
         shuffle_buffer: Shuffle examples through a buffer of this size
             instead of caching the batches.
         seed: The shuffle's seed.
+        repeat: Repeat the passes endlessly (the stream the interleaved
+            segments read; before the prefetch, so a new pass costs nothing).
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)` batches.
@@ -247,6 +259,8 @@ def make_dataset(
         dataset = dataset.batch(batch_size).cache()
     else:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).batch(batch_size)
+    if repeat:
+        dataset = dataset.repeat()
     if autotune:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     else:
@@ -254,7 +268,9 @@ def make_dataset(
         options.autotune.enabled = False
         dataset = dataset.prefetch(2).with_options(options)
     if shuffle_buffer is None:
-        for _ in dataset:
+        # One pass and one batch more: the cache is complete only once its input has ended.
+        batches = -(-len(x) // batch_size)
+        for _ in dataset.take(batches + 1) if repeat else dataset:
             pass
     return dataset
 
@@ -265,12 +281,13 @@ class WorkloadData:
 
     Attributes:
         workload: The workload.
-        train: The training pipeline (`make_dataset`).
+        train: The training stream (`make_dataset(..., repeat=True)`): endless,
+            so segments read on where the previous one stopped.
         val: The validation pipeline, used only for an untimed check.
         num_train: Training examples.
         num_val: Validation examples.
         batch_size: Batch size.
-        steps_per_epoch: Batches in one pass over `train`.
+        steps_per_epoch: Batches in one pass over the data.
         initial_weights: Weights every run starts from.
         seed: Seed set before building each run's model.
         model_options: Keywords for the workload's `build_model`.
@@ -342,7 +359,9 @@ def prepare(
     model = workload.build_model(**model_options)
     return WorkloadData(
         workload=workload,
-        train=make_dataset(x, y, batch_size, autotune=autotune, shuffle_buffer=shuffle_buffer, seed=seed),
+        train=make_dataset(
+            x, y, batch_size, autotune=autotune, shuffle_buffer=shuffle_buffer, seed=seed, repeat=True
+        ),
         val=make_dataset(val_x, val_y, batch_size, autotune=autotune),
         num_train=num_train,
         num_val=num_val,
@@ -408,6 +427,8 @@ WORKLOADS: dict[str, Workload] = {
         num_val=2_560,
         quick_num_train=640,
         quick_num_val=256,
+        segment_steps=100,
+        quick_segment_steps=20,
     ),
     "linear": Workload(
         name="linear",
@@ -423,6 +444,8 @@ WORKLOADS: dict[str, Workload] = {
         quick_num_val=1024,
         batch_size=1024,
         steps_per_loop=10,
+        segment_steps=100,
+        quick_segment_steps=10,
     ),
     "simclr": Workload(
         name="simclr",
@@ -438,6 +461,8 @@ WORKLOADS: dict[str, Workload] = {
         quick_num_val=64,
         batch_size=64,
         steps_per_loop=1,
+        segment_steps=2,
+        quick_segment_steps=1,
         data_description="synthetic pairs of views, in memory, augmentation left out",
     ),
 }
