@@ -16,7 +16,9 @@ REFERENCE_KEYS = ("eval/label_top_1_accuracy", "eval/label_top_5_accuracy", "eva
 def trained(tmp_path_factory):
     """A 4-step pretraining (then its evaluation) that checkpoints every step."""
     model_dir = tmp_path_factory.mktemp("pretrain")
-    config = experiment.Config(**TINY, train_steps=4, checkpoint_every_steps=1, model_dir=str(model_dir))
+    config = experiment.Config(
+        **TINY, mode="train_then_eval", train_steps=4, checkpoint_steps=1, model_dir=str(model_dir)
+    )
     return model_dir, experiment.run(config)
 
 

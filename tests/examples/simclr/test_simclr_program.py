@@ -10,10 +10,14 @@ import time
 import numpy as np
 import pytest
 
+from tftrain.examples.simclr import config as config_lib
 from tftrain.examples.simclr import experiment
 
-TINY = dict(
-    dataset="shapes",
+# The defaults are the reference's (ImageNet, ResNet-50): start from the demo recipe's model and data
+# (what to run, --mode and --linear_eval, each test says).
+TINY = {
+    k: v for k, v in config_lib.RECIPES["cpu_demo"].values.items() if k not in ("mode", "linear_eval")
+} | dict(
     image_size=16,
     num_train_examples=64,
     num_eval_examples=32,
@@ -27,7 +31,9 @@ TINY = dict(
 
 @pytest.mark.parametrize("loop", ["trainer", "fit"])
 def test_a_tiny_run_writes_result_json(loop, tmp_path):
-    config = experiment.Config(**TINY, loop=loop, train_steps=4, model_dir=str(tmp_path))
+    config = experiment.Config(
+        **TINY, loop=loop, train_steps=4, model_dir=str(tmp_path), mode="train_then_eval", linear_eval=True
+    )
     results = experiment.run(config)
     with open(tmp_path / "result.json") as file:
         written = json.load(file)
@@ -46,7 +52,7 @@ def test_a_tiny_run_writes_result_json(loop, tmp_path):
 
 def test_eval_mode_restores_the_trained_encoder(tmp_path):
     trained = experiment.run(
-        experiment.Config(**TINY, train_steps=2, model_dir=str(tmp_path), linear_eval=False)
+        experiment.Config(**TINY, mode="train_then_eval", train_steps=2, model_dir=str(tmp_path))
     )
     evaluated = experiment.run(
         # The training run's step flags: --mode=eval evaluates until its last step.
@@ -67,9 +73,10 @@ def test_finetune_mode_trains_the_probe_end_to_end():
 
 
 def test_train_steps_win_over_epochs():
-    config = experiment.Config(**TINY, train_steps=6, train_epochs=50)
-    assert experiment._steps_plan(config, 64) == (3, 2, 6)  # 4 steps per pass: 3 divides 6
-    assert experiment._steps_plan(experiment.Config(**TINY, train_epochs=2), 64) == (4, 2, 8)
+    config = experiment.Config(**{**TINY, "train_steps": 6, "train_epochs": 50})
+    assert experiment._steps_plan(config, 64) == (4, 2, 6)  # epochs of 4 steps, the last cut short
+    # Without train_steps, as the reference: N * E // B + 1 steps.
+    assert experiment._steps_plan(experiment.Config(**{**TINY, "train_epochs": 2}), 64) == (4, 3, 9)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +121,7 @@ def test_main_reports_bad_flags_clearly():
 
 
 def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
-    flags = tiny_flags(train_steps=60, checkpoint_every_steps=5, model_dir=tmp_path, linear_eval=False)
+    flags = tiny_flags(train_steps=60, checkpoint_steps=5, model_dir=tmp_path, linear_eval=False)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     process = subprocess.Popen([sys.executable, "-m", "tftrain.examples.simclr", *flags], env=env)
     try:
@@ -149,7 +156,7 @@ def parsed_config(*argv):
 def test_train_steps_0_means_train_for_the_epochs_as_the_reference():
     config = parsed_config("--train_steps=0", "--train_epochs=3", "--train_batch_size=16")
     assert config.train_steps == 0
-    assert experiment._steps_plan(config, 64) == (4, 3, 12)
+    assert experiment._steps_plan(config, 64) == (4, 4, 13)
     with pytest.raises(ValueError, match="--train_steps=-1: expected an integer >= 1, or 0"):
         experiment.Config(**TINY, train_steps=-1)
 
@@ -160,7 +167,7 @@ def test_ft_proj_selector_minus_1_feeds_the_probe_from_the_last_projection_layer
     model = experiment.build_model(experiment.Config(**{**TINY, **dict(ft_proj_selector=-1)}), 8)
     projection, logits = model(np.zeros([2, 16, 16, 3], np.float32))
     head = model.projection_head
-    assert head.ft_proj_selector == head.num_layers == 2
+    assert head.ft_proj_selector == head.num_layers == 3  # the reference's default num_proj_layers
     assert model.supervised_head.kernel.shape == (16, 8)  # the projection's output size
-    with pytest.raises(ValueError, match="Received: -2. Expected 0..2 .*or -1 for the last layer"):
+    with pytest.raises(ValueError, match="Received: -2. Expected 0..3 .*or -1 for the last layer"):
         experiment.build_model(experiment.Config(**TINY, ft_proj_selector=-2), 8)

@@ -52,6 +52,7 @@ def evaluate_checkpoints(
     model_dir: str,
     last_step: int,
     timeout_s: float,
+    steps: int | None = None,
     verbose: int = 0,
 ) -> dict[str, Any]:
     """Evaluates the probe on each checkpoint of `model_dir` as it appears, until `last_step`.
@@ -65,6 +66,7 @@ def evaluate_checkpoints(
         model_dir: The pretraining or fine-tuning run's directory.
         last_step: The run's last global step: evaluation stops after its checkpoint.
         timeout_s: Seconds to wait for a new checkpoint.
+        steps: Eval batches per checkpoint (None: the whole eval split).
         verbose: As for `Trainer.evaluate`.
 
     Returns:
@@ -81,6 +83,7 @@ def evaluate_checkpoints(
         model_dir=model_dir,
         last_step=last_step,
         timeout_s=timeout_s,
+        steps=steps,
         verbose=verbose,
     )
     # An evaluator rerun on a finished directory evaluates nothing new: restore the newest weights anyway.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any
@@ -21,133 +22,14 @@ import tensorflow as tf
 import tftrain
 from tftrain import data as data_lib
 from tftrain import distribute
+from tftrain.examples.simclr import config as config_lib
 from tftrain.examples.simclr import evaluation, lars, pipeline, schedule
 from tftrain.examples.simclr import model as model_lib
 
-KNOWN_DATASETS = data_lib.KNOWN_DATASETS
-MIN_IMAGE_SIZE = 16  # the random crop and the ResNet's strides need room
-
-
-class FlagValueError(ValueError):
-    """A setting that `run` finds wrong once it sees the devices or the checkpoint (before any data)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """An experiment's settings; see `main.py`'s flags for each one's meaning."""
-
-    mode: str = "train_then_eval"
-    train_mode: str = "pretrain"
-    loop: str = "trainer"
-    dataset: str = "shapes"
-    data_dir: str | None = None
-    train_split: str = "train"
-    eval_split: str = "test"
-    num_train_examples: int | None = None
-    num_eval_examples: int | None = None
-    image_size: int = 32
-    train_batch_size: int = 256
-    eval_batch_size: int = 256
-    train_epochs: int = 10
-    train_steps: int = 0
-    warmup_epochs: float = 1
-    learning_rate: float = 1.0
-    learning_rate_scaling: str = "linear"
-    optimizer: str = "lars"
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    temperature: float = 0.5
-    hidden_norm: bool = True
-    color_jitter_strength: float = 1.0
-    use_blur: bool = False
-    min_crop_area: float = 0.35
-    resnet_depth: int = 18
-    width_multiplier: float = 0.125
-    cifar_stem: bool | None = None
-    proj_head_mode: str = "nonlinear"
-    proj_out_dim: int = 128
-    num_proj_layers: int = 2
-    ft_proj_selector: int = 0
-    lineareval_while_pretraining: bool = True
-    linear_eval: bool = True
-    global_bn: bool = False
-    zero_init_residual: bool = False
-    model_dir: str | None = None
-    checkpoint: str | None = None
-    checkpoint_every_steps: int | None = None
-    eval_timeout_s: float = 3600.0
-    use_gpu: bool = False
-    use_tpu: bool = False
-    tpu_name: str | None = None
-    num_cpu_devices: int | None = None
-    mixed_precision: str | None = None
-    use_tf_function: bool = True
-    steps_per_loop: int = 1
-    seed: int = 0
-    verbose: int = 1
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [field.name for field in dataclasses.fields(cls)]
-
-    def __post_init__(self):
-        if self.use_gpu and self.use_tpu:
-            raise ValueError("--use_gpu and --use_tpu contradict each other: pass one of them.")
-        if self.num_cpu_devices is not None and (self.use_gpu or self.use_tpu):
-            raise ValueError(
-                "--num_cpu_devices splits the CPU; it cannot be combined with --use_gpu or --use_tpu."
-            )
-        if self.dataset not in KNOWN_DATASETS:
-            raise ValueError(
-                f"Unknown --dataset={self.dataset!r}. Known datasets: {', '.join(KNOWN_DATASETS)} "
-                "(shapes and synthetic are generated offline)."
-            )
-        if self.image_size < MIN_IMAGE_SIZE:
-            raise ValueError(
-                f"--image_size={self.image_size} is too small for SimCLR's random crop and the ResNet. "
-                f"Expected at least {MIN_IMAGE_SIZE}."
-            )
-        for name in ("train_batch_size", "eval_batch_size", "train_epochs", "steps_per_loop", "proj_out_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name}={getattr(self, name)}: expected an integer >= 1.")
-        if self.train_steps is not None and self.train_steps < 0:
-            raise ValueError(
-                f"--train_steps={self.train_steps}: expected an integer >= 1, or 0 (the default) to "
-                "train for --train_epochs."
-            )
-        if self.width_multiplier <= 0:
-            raise ValueError(f"--width_multiplier={self.width_multiplier}: expected a number > 0.")
-        if not 0 < self.min_crop_area <= 1:
-            raise ValueError(f"--min_crop_area={self.min_crop_area}: expected a fraction in (0, 1].")
-        if not self.eval_timeout_s > 0:
-            raise ValueError(f"--eval_timeout_s={self.eval_timeout_s}: expected a number of seconds > 0.")
-        if self.temperature <= 0:
-            raise ValueError(f"--temperature={self.temperature}: expected a number > 0.")
-        if self.mode != "train" and self.train_mode == "pretrain" and not self.lineareval_while_pretraining:
-            if not self.linear_eval:
-                raise ValueError(
-                    "--mode evaluates, but --train_mode=pretrain with --nolineareval_while_pretraining "
-                    "and --nolinear_eval leaves nothing to evaluate. Turn one of them on."
-                )
-        if self.checkpoint is not None:
-            _check_checkpoint_flag(self)
-        if self.mode == "eval" and self.model_dir is None:
-            raise ValueError("--mode=eval needs --model_dir holding a trained run's checkpoints.")
-
-
-def _check_checkpoint_flag(config: Config) -> None:
-    if config.train_mode != "finetune" or config.mode == "eval":
-        raise ValueError(
-            f"--checkpoint={config.checkpoint} initialises fine-tuning from a pretraining run, but "
-            f"--train_mode={config.train_mode} --mode={config.mode} does not fine-tune. Expected "
-            "--train_mode=finetune with --mode=train or train_then_eval, or no --checkpoint."
-        )
-    path = config.checkpoint
-    if not (tf.io.gfile.isdir(path) or tf.io.gfile.exists(path + ".index")):
-        raise ValueError(
-            f"--checkpoint={path} does not exist. Expected a checkpoint path of a pretraining run "
-            "(`<model_dir>/checkpoints/ckpt-N`) or a directory of checkpoints (`<model_dir>/checkpoints`)."
-        )
+# The configuration lives in config.py; these names stay importable from here.
+Config = config_lib.Config
+FlagValueError = config_lib.FlagValueError
+KNOWN_DATASETS = config_lib.KNOWN_DATASETS
 
 
 def warm_start(model: model_lib.SimCLRModel, checkpoint: str) -> tftrain.checkpoint.WarmStartReport:
@@ -183,24 +65,36 @@ def warm_start(model: model_lib.SimCLRModel, checkpoint: str) -> tftrain.checkpo
 
 
 def _steps_plan(config: Config, num_train_examples: int) -> tuple[int, int, int]:
-    """(steps_per_epoch, epochs, total_steps) for the run.
+    """(steps_per_epoch, epochs, total_steps) for the run, as the reference counts them.
 
-    `train_steps` 0 (or None) means: train for `train_epochs`. With
-    `train_steps`, epochs are made of the largest number of steps that
-    divides `train_steps` and fits in one pass, so training stops exactly there.
+    Total steps: `train_steps`, or when 0 `N * train_epochs // batch + 1`. The
+    reference trains in loops of `checkpoint_steps` (or `checkpoint_epochs`
+    passes of `round(N / batch)` steps) and checkpoints after each: each loop
+    is one of the Trainer's epochs, the last one cut short at the total.
     """
-    steps_per_pass = num_train_examples // config.train_batch_size
-    if steps_per_pass < 1:
+    epoch_steps = int(round(num_train_examples / config.train_batch_size))
+    if num_train_examples < config.train_batch_size:
         raise ValueError(
             f"--train_batch_size={config.train_batch_size} is larger than the {num_train_examples} training "
             "examples. Expected a smaller batch or more examples."
         )
-    if not config.train_steps:
-        return steps_per_pass, config.train_epochs, steps_per_pass * config.train_epochs
-    steps_per_epoch = max(
-        d for d in range(1, min(steps_per_pass, config.train_steps) + 1) if config.train_steps % d == 0
+    total = schedule.train_steps_of(
+        num_train_examples, config.train_steps, config.train_epochs, config.train_batch_size
     )
-    return steps_per_epoch, config.train_steps // steps_per_epoch, config.train_steps
+    steps_per_epoch = min(config.checkpoint_steps or config.checkpoint_epochs * epoch_steps, total)
+    return steps_per_epoch, math.ceil(total / steps_per_epoch), total
+
+
+class _StopAtStep(keras.callbacks.Callback):
+    """Stops `model.fit` at the run's total step (`Trainer.fit` does it with `total_steps`)."""
+
+    def __init__(self, total_steps: int):
+        super().__init__()
+        self.total_steps = total_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) >= self.total_steps:
+            self.model.stop_training = True
 
 
 def _optimizer(config: Config, learning_rate: Any) -> keras.optimizers.Optimizer:
@@ -219,12 +113,12 @@ def _optimizer(config: Config, learning_rate: Any) -> keras.optimizers.Optimizer
 
 def build_model(config: Config, num_classes: int) -> model_lib.SimCLRModel:
     """The SimCLR model, built (all variables created) for `config.image_size`."""
-    cifar_stem = config.image_size <= 64 if config.cifar_stem is None else config.cifar_stem
+    finetune = config.train_mode == "finetune"
     model = model_lib.SimCLRModel(
         num_classes,
         resnet_depth=config.resnet_depth,
         width_multiplier=config.width_multiplier,
-        cifar_stem=cifar_stem,
+        cifar_stem=config.uses_cifar_stem,
         proj_head_mode=config.proj_head_mode,
         proj_out_dim=config.proj_out_dim,
         num_proj_layers=config.num_proj_layers,
@@ -236,7 +130,11 @@ def build_model(config: Config, num_classes: int) -> model_lib.SimCLRModel:
         weight_decay=config.weight_decay,
         lars_handles_decay=config.optimizer == "lars",
         sync_batch_norm=config.global_bn,
-        zero_init_residual=config.zero_init_residual,
+        batch_norm_decay=config.batch_norm_decay,
+        se_ratio=config.se_ratio,
+        sk_ratio=config.sk_ratio,
+        fine_tune_after_block=config.fine_tune_after_block if finetune else -1,
+        zero_init_logits_layer=config.zero_init_logits_layer and finetune,
     )
     model.build_for(config.image_size)
     return model
@@ -244,10 +142,13 @@ def build_model(config: Config, num_classes: int) -> model_lib.SimCLRModel:
 
 def run(config: Config) -> dict[str, Any]:
     """Runs the experiment; returns its results (also written to `model_dir/result.json`)."""
+    use_gpu = config.use_gpu
+    if use_gpu is None:  # as the reference: MirroredStrategy over the visible GPUs unless on a TPU
+        use_gpu = not config.use_tpu and bool(tf.config.list_physical_devices("GPU"))
     strategy = distribute.setup_strategy(
-        use_gpu=config.use_gpu,
+        use_gpu=use_gpu,
         use_tpu=config.use_tpu,
-        tpu=config.tpu_name,
+        tpu=config.tpu_name or config.master,
         num_cpu_devices=config.num_cpu_devices,
     )
     replicas = strategy.num_replicas_in_sync
@@ -292,6 +193,7 @@ def run(config: Config) -> dict[str, Any]:
             color_jitter_strength=config.color_jitter_strength,
             use_blur=config.use_blur,
             min_crop_area=config.min_crop_area,
+            cache_dataset=config.cache_dataset,
             data_dir=config.data_dir,
             num_examples=num_examples,
             repeat=training,
@@ -304,7 +206,8 @@ def run(config: Config) -> dict[str, Any]:
         use_tf_function=config.use_tf_function,
         steps_per_loop=config.steps_per_loop,
         model_dir=config.model_dir,
-        checkpoint_every_steps=config.checkpoint_every_steps,
+        max_to_keep=config.keep_checkpoint_max,
+        summary_every_steps=config.train_summary_steps or None,
         mixed_precision=config.mixed_precision,
     )
     train_seconds = 0.0
@@ -315,12 +218,17 @@ def run(config: Config) -> dict[str, Any]:
         start = time.perf_counter()
         if config.loop == "trainer":
             history = trainer.fit(
-                train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=config.verbose
+                train_data,
+                epochs=epochs,
+                steps_per_epoch=steps_per_epoch,
+                total_steps=total_steps,
+                verbose=config.verbose,
             )
             results["timing"] = trainer.timing.to_dict() if trainer.timing else None
         else:
             model.run_eagerly = not config.use_tf_function
             callbacks = tftrain.callbacks.standard_callbacks(config.model_dir) if config.model_dir else []
+            callbacks.append(_StopAtStep(total_steps))
             history = model.fit(
                 train_data,
                 epochs=epochs,
@@ -333,6 +241,7 @@ def run(config: Config) -> dict[str, Any]:
         results["global_step"] = int(model.optimizer.iterations.numpy())
     results["train_seconds"] = round(train_seconds, 1)
     if config.mode in ("eval", "train_then_eval"):
+        eval_steps = config.eval_steps or None  # 0: the whole eval split, as the reference
         eval_data = dataset(
             config.eval_split,
             training=False,
@@ -347,6 +256,7 @@ def run(config: Config) -> dict[str, Any]:
                     model_dir=config.model_dir,
                     last_step=total_steps,
                     timeout_s=config.eval_timeout_s,
+                    steps=eval_steps,
                     verbose=config.verbose,
                 )
             )
@@ -354,7 +264,7 @@ def run(config: Config) -> dict[str, Any]:
             results["restored"] = evaluation.restore_latest(model, config.model_dir)
             results["global_step"] = int(model.optimizer.iterations.numpy())
         elif model.uses_probe:
-            logs = trainer.evaluate(eval_data, verbose=config.verbose)
+            logs = trainer.evaluate(eval_data, steps=eval_steps, verbose=config.verbose)
             results.update(evaluation.reference_results(model, logs, results["global_step"]))
         if config.linear_eval:
             train_eval = dataset(
@@ -369,11 +279,36 @@ def run(config: Config) -> dict[str, Any]:
                 evaluation.linear_eval(model.encoder, random_encoder, train_eval, eval_data, info.num_classes)
             )
     results["config"] = dataclasses.asdict(config)
-    if config.model_dir and distribute.worker_role(strategy)[0]:
+    chief = distribute.worker_role(strategy)[0]
+    if config.model_dir and chief and config.keep_hub_module_max and "global_step" in results:
+        if config.mode != "train":
+            results["saved_model"] = export_encoder(
+                model.encoder, config.model_dir, results["global_step"], config.keep_hub_module_max
+            )
+    if config.model_dir and chief:
         tf.io.gfile.makedirs(config.model_dir)
         with tf.io.gfile.GFile(os.path.join(config.model_dir, "result.json"), "w") as file:
             json.dump(results, file, indent=2, sort_keys=True)
     return results
+
+
+def export_encoder(encoder: keras.Model, model_dir: str, step: int, keep: int) -> str:
+    """Exports the evaluated encoder as a SavedModel, `model_dir/saved_model/<step>`, keeping the newest `keep`.
+
+    As the reference exports one after each evaluation (`--keep_hub_module_max`).
+    Returns the export's path.
+    """
+    export_dir = os.path.join(model_dir, "saved_model")
+    path = os.path.join(export_dir, str(step))
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.rmtree(path)
+    encoder.export(path, verbose=False)
+    steps = sorted(
+        int(name.strip("/")) for name in tf.io.gfile.listdir(export_dir) if name.strip("/").isdigit()
+    )
+    for old in steps[:-keep]:
+        tf.io.gfile.rmtree(os.path.join(export_dir, str(old)))
+    return path
 
 
 def summary_line(results: dict[str, Any]) -> str:

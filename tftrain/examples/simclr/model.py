@@ -25,12 +25,12 @@ from tftrain.examples.simclr import objective, resnet
 
 PROJ_HEAD_MODES = ("none", "linear", "nonlinear")
 TRAIN_MODES = ("pretrain", "finetune")
-# Variables LARS leaves out of weight decay (the probe gets an explicit L2 loss
-# instead, as in the reference implementation) and out of layer adaptation.
-# Unlike the reference, the probe keeps LARS's trust ratio: without it, the
-# probe's plain step at a contrastive learning rate (~1) diverged in our runs.
+# Variables LARS leaves out of weight decay and of its trust ratio, as the reference: batch
+# norm, biases and the supervised head (which gets an explicit L2 loss instead).
 LARS_EXCLUDE_FROM_WEIGHT_DECAY = ("batch_normalization", "bias", "head_supervised")
-LARS_EXCLUDE_FROM_LAYER_ADAPTATION = ("batch_normalization", "bias")
+LARS_EXCLUDE_FROM_LAYER_ADAPTATION = LARS_EXCLUDE_FROM_WEIGHT_DECAY
+# The reference's dense layers in the heads start from N(0, 0.01).
+HEAD_KERNEL_STDDEV = 0.01
 
 
 class ProjectionHead(keras.layers.Layer):
@@ -43,6 +43,8 @@ class ProjectionHead(keras.layers.Layer):
         ft_proj_selector: Which layer's output the probe (and finetuning)
             reads: 0 is the encoder output (no projection layer), 1 after the
             first layer, ..., -1 after the last (as SimCLR's flag).
+        batch_norm_decay: The batch norms' moving-average momentum.
+        sync_batch_norm: Batch norm statistics over all replicas.
     """
 
     def __init__(
@@ -51,9 +53,13 @@ class ProjectionHead(keras.layers.Layer):
         out_dim: int = 128,
         num_layers: int = 3,
         ft_proj_selector: int = 0,
+        batch_norm_decay: float = resnet.BATCH_NORM_MOMENTUM,
+        sync_batch_norm: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self.batch_norm_decay = batch_norm_decay
+        self.sync_batch_norm = sync_batch_norm
         if mode not in PROJ_HEAD_MODES:
             raise ValueError(
                 f"Invalid value for argument `proj_head_mode`. Received: {mode!r}. Expected one of "
@@ -83,11 +89,18 @@ class ProjectionHead(keras.layers.Layer):
         for index in range(self.num_layers):
             last = index == self.num_layers - 1
             dense = keras.layers.Dense(
-                self.out_dim if last else width, use_bias=False, name=f"proj_dense_{index}"
+                self.out_dim if last else width,
+                use_bias=False,
+                kernel_initializer=keras.initializers.RandomNormal(stddev=HEAD_KERNEL_STDDEV),
+                name=f"proj_dense_{index}",
             )
             # The last layer's batch norm has no offset: a shift would not change the loss.
             norm = keras.layers.BatchNormalization(
-                momentum=0.9, center=not last, name=f"batch_normalization_proj_{index}"
+                momentum=self.batch_norm_decay,
+                epsilon=resnet.BATCH_NORM_EPSILON,
+                center=not last,
+                synchronized=self.sync_batch_norm,
+                name=f"batch_normalization_proj_{index}",
             )
             self.dense_layers.append(dense)
             self.norm_layers.append(norm)
@@ -136,8 +149,15 @@ class SimCLRModel(tftrain.CustomModel):
         weight_decay: L2 weight decay. With LARS (`lars_handles_decay`) only
             the probe gets an explicit L2 loss; LARS decays the rest itself.
         lars_handles_decay: Whether the optimizer is LARS.
-        sync_batch_norm: Batch norm statistics over all replicas.
-        zero_init_residual: Start each residual block as an identity.
+        sync_batch_norm: Batch norm statistics over all replicas (encoder and
+            projection head).
+        batch_norm_decay: The batch norms' moving-average momentum.
+        se_ratio: Squeeze-and-excitation in the encoder's blocks (0: none).
+        sk_ratio: Selective kernels in the encoder (0: none).
+        fine_tune_after_block: The encoder is frozen up to this block group
+            (0: the stem; 4: all of it; -1: nothing frozen; finetune mode only).
+        zero_init_logits_layer: The supervised head starts at zero instead of
+            N(0, 0.01).
     """
 
     def __init__(
@@ -158,7 +178,11 @@ class SimCLRModel(tftrain.CustomModel):
         weight_decay: float = 1e-6,
         lars_handles_decay: bool = True,
         sync_batch_norm: bool = False,
-        zero_init_residual: bool = True,
+        batch_norm_decay: float = resnet.BATCH_NORM_MOMENTUM,
+        se_ratio: float = 0.0,
+        sk_ratio: float = 0.0,
+        fine_tune_after_block: int = -1,
+        zero_init_logits_layer: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -166,6 +190,12 @@ class SimCLRModel(tftrain.CustomModel):
             raise ValueError(
                 f"Invalid value for argument `train_mode`. Received: {train_mode!r}. Expected one of "
                 f"{', '.join(TRAIN_MODES)}."
+            )
+        if train_mode == "pretrain" and fine_tune_after_block != -1:
+            raise ValueError(
+                "Invalid value for argument `fine_tune_after_block`. Received: "
+                f"fine_tune_after_block={fine_tune_after_block!r} with train_mode='pretrain'. Expected -1: "
+                "as the reference, pretraining freezes no layer (freezing is for train_mode='finetune')."
             )
         self.num_classes = num_classes
         self.train_mode = train_mode
@@ -179,12 +209,27 @@ class SimCLRModel(tftrain.CustomModel):
             width_multiplier,
             cifar_stem=cifar_stem,
             sync_batch_norm=sync_batch_norm,
-            zero_init_residual=zero_init_residual,
+            batch_norm_decay=batch_norm_decay,
+            se_ratio=se_ratio,
+            sk_ratio=sk_ratio,
+            fine_tune_after_block=fine_tune_after_block,
         )
         self.projection_head = ProjectionHead(
-            proj_head_mode, proj_out_dim, num_proj_layers, ft_proj_selector, name="head_contrastive"
+            proj_head_mode,
+            proj_out_dim,
+            num_proj_layers,
+            ft_proj_selector,
+            batch_norm_decay=batch_norm_decay,
+            sync_batch_norm=sync_batch_norm,
+            name="head_contrastive",
         )
-        self.supervised_head = keras.layers.Dense(num_classes, name="head_supervised")
+        self.supervised_head = keras.layers.Dense(
+            num_classes,
+            kernel_initializer="zeros"
+            if zero_init_logits_layer
+            else keras.initializers.RandomNormal(stddev=HEAD_KERNEL_STDDEV),
+            name="head_supervised",
+        )
         self.total_loss_tracker = keras.metrics.Mean(name="loss")
         self.contrast_loss_tracker = keras.metrics.Mean(name="contrast_loss")
         self.contrast_accuracy = keras.metrics.Mean(name="contrast_acc")
@@ -222,12 +267,13 @@ class SimCLRModel(tftrain.CustomModel):
     # ------------------------------------------------------------------ losses
 
     def weight_decay_loss(self) -> tf.Tensor:
-        """L2 loss on the kernels (the probe only, when LARS decays the rest)."""
+        """L2 loss as the reference: the probe's kernel under LARS (which decays the rest), else every
+        trainable variable but batch norm's."""
         if self.lars_handles_decay:
-            variables = self.supervised_head.trainable_variables
+            variables = [v for v in self.supervised_head.trainable_variables if "bias" not in v.path]
         else:
             variables = self.trainable_variables
-        kernels = [v for v in variables if "batch_normalization" not in v.path and "bias" not in v.path]
+        kernels = [v for v in variables if "batch_normalization" not in v.path]
         if not kernels or not self.weight_decay:
             return tf.constant(0.0)
         return self.weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in kernels])

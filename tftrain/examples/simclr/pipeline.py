@@ -69,6 +69,7 @@ def build_dataset(
     color_jitter_strength: float = 1.0,
     use_blur: bool = False,
     min_crop_area: float = 0.08,
+    cache_dataset: bool = False,
     data_dir: str | None = None,
     num_examples: int | None = None,
     repeat: bool = False,
@@ -89,6 +90,8 @@ def build_dataset(
         color_jitter_strength: SimCLR's colour distortion strength (pretraining only).
         use_blur: Random Gaussian blur (pretraining only).
         min_crop_area: The smallest random crop, as a fraction of the image.
+        cache_dataset: Keep the decoded images in memory after the first pass
+            (the reference's `--cache_dataset`; for small datasets).
         data_dir: tensorflow-datasets data directory.
         num_examples: Use only the first examples of the split.
         repeat: Repeat forever (training to a step count).
@@ -98,8 +101,8 @@ def build_dataset(
         The dataset, prefetched.
     """
     images = data_lib.load(name, split, data_dir=data_dir, image_size=image_size, num_examples=num_examples)
-    # Decoded images are small here; caching them keeps the augmentation the only per-epoch work.
-    images = images.cache()
+    if cache_dataset:
+        images = images.cache()
     if is_training:
         images = images.shuffle(10 * batch_size, seed=seed, reshuffle_each_iteration=True)
     if repeat:
