@@ -143,14 +143,19 @@ def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
         assert json.load(file)["global_step"] == 60
 
 
-def parsed_config(*argv):
+def parsed(*argv):
+    """The command line's resolved configuration (recipe and sources too), parsed in-process."""
     from tftrain.examples.simclr import main
 
     try:
         main.FLAGS(["simclr", *argv])
-        return main.config_from_flags()
+        return main.resolve_flags()
     finally:
         main.FLAGS.unparse_flags()
+
+
+def parsed_config(*argv):
+    return parsed(*argv).config
 
 
 def test_train_steps_0_means_train_for_the_epochs_as_the_reference():

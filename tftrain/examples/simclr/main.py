@@ -177,11 +177,6 @@ def resolve_flags() -> config_lib.Resolved:
     return config_lib.resolve(given, FLAGS.recipe)
 
 
-def config_from_flags() -> experiment.Config:
-    """The experiment's plain configuration, from the parsed flags."""
-    return resolve_flags().config
-
-
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")

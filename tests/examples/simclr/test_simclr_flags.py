@@ -1,0 +1,279 @@
+"""The SimCLR program's flags as google-research/simclr's TF2 run.py: defaults, README commands, recipes, model."""
+
+import os
+import shlex
+
+import keras
+import numpy as np
+import pytest
+import test_simclr_program  # the tiny sizes, on the path as a sibling test module
+from absl import app
+
+from tftrain.examples.simclr import config as config_lib
+from tftrain.examples.simclr import experiment, main
+
+TINY = test_simclr_program.TINY
+
+# google-research/simclr tf2/run.py's 48 flags and their defaults, as written there.
+REFERENCE_DEFAULTS = {
+    "learning_rate": 0.3,
+    "learning_rate_scaling": "linear",
+    "warmup_epochs": 10,
+    "weight_decay": 1e-6,
+    "batch_norm_decay": 0.9,
+    "train_batch_size": 512,
+    "train_split": "train",
+    "train_epochs": 100,
+    "train_steps": 0,
+    "eval_steps": 0,
+    "eval_batch_size": 256,
+    "checkpoint_epochs": 1,
+    "checkpoint_steps": 0,
+    "eval_split": "validation",
+    "dataset": "imagenet2012",
+    "cache_dataset": False,
+    "mode": "train",
+    "train_mode": "pretrain",
+    "lineareval_while_pretraining": True,
+    "checkpoint": None,
+    "zero_init_logits_layer": False,
+    "fine_tune_after_block": -1,
+    "master": None,
+    "model_dir": None,
+    "data_dir": None,
+    "use_tpu": True,
+    "tpu_name": None,
+    "tpu_zone": None,
+    "gcp_project": None,
+    "optimizer": "lars",
+    "momentum": 0.9,
+    "eval_name": None,
+    "keep_checkpoint_max": 5,
+    "keep_hub_module_max": 1,
+    "temperature": 0.1,
+    "hidden_norm": True,
+    "proj_head_mode": "nonlinear",
+    "proj_out_dim": 128,
+    "num_proj_layers": 3,
+    "ft_proj_selector": 0,
+    "global_bn": True,
+    "width_multiplier": 1,
+    "resnet_depth": 50,
+    "sk_ratio": 0.0,
+    "se_ratio": 0.0,
+    "image_size": 224,
+    "color_jitter_strength": 1.0,
+    "use_blur": True,
+}
+
+# The reference README's (tf2/README.md) pretraining commands, with tftrain's module name.
+CIFAR10_COMMAND = (
+    "--train_mode=pretrain --train_batch_size=512 --train_epochs=1000 --learning_rate=1.0 "
+    "--weight_decay=1e-4 --temperature=0.5 --dataset=cifar10 --image_size=32 --eval_split=test "
+    "--resnet_depth=18 --use_blur=False --color_jitter_strength=0.5 --model_dir=/tmp/simclr_test --use_tpu=False"
+)
+CIFAR10_VALUES = dict(
+    train_mode="pretrain",
+    train_batch_size=512,
+    train_epochs=1000,
+    learning_rate=1.0,
+    weight_decay=1e-4,
+    temperature=0.5,
+    dataset="cifar10",
+    image_size=32,
+    eval_split="test",
+    resnet_depth=18,
+    use_blur=False,
+    color_jitter_strength=0.5,
+    model_dir="/tmp/simclr_test",
+    use_tpu=False,
+)
+IMAGENET_COMMAND = (
+    "--train_mode=pretrain --train_batch_size=4096 --train_epochs=100 --temperature=0.1 "
+    "--learning_rate=0.075 --learning_rate_scaling=sqrt --weight_decay=1e-4 --dataset=imagenet2012 "
+    "--image_size=224 --eval_split=validation --data_dir=gs://bucket/tensorflow_datasets "
+    "--model_dir=gs://bucket/simclr --use_tpu=True --tpu_name=my-tpu --train_summary_steps=0"
+)
+IMAGENET_VALUES = dict(
+    train_mode="pretrain",
+    train_batch_size=4096,
+    train_epochs=100,
+    temperature=0.1,
+    learning_rate=0.075,
+    learning_rate_scaling="sqrt",
+    weight_decay=1e-4,
+    dataset="imagenet2012",
+    image_size=224,
+    eval_split="validation",
+    data_dir="gs://bucket/tensorflow_datasets",
+    model_dir="gs://bucket/simclr",
+    use_tpu=True,
+    tpu_name="my-tpu",
+)
+
+
+def tiny(**overrides):
+    return experiment.Config(**{**TINY, **overrides})
+
+
+resolved = test_simclr_program.parsed
+
+
+def test_every_reference_flag_exists_with_its_default():
+    assert sorted(config_lib.REFERENCE_FLAGS) == sorted(REFERENCE_DEFAULTS)
+    for name, default in REFERENCE_DEFAULTS.items():
+        assert main.FLAGS[name].default == default, name
+
+
+@pytest.mark.parametrize(
+    "command, given",
+    [(CIFAR10_COMMAND, CIFAR10_VALUES), (IMAGENET_COMMAND, IMAGENET_VALUES)],
+    ids=["cifar10", "imagenet"],
+)
+def test_the_readme_commands_resolve_to_the_reference_configuration(command, given):
+    result = resolved(*shlex.split(command))
+    assert result.recipe == "reference"
+    expected = {**REFERENCE_DEFAULTS, **given}
+    assert {name: getattr(result.config, name) for name in expected} == expected
+    for name in REFERENCE_DEFAULTS:
+        assert result.sources[name] == ("command line" if name in given else "reference default"), name
+    assert result.config.uses_cifar_stem == (result.config.image_size <= 32)
+
+
+def test_no_dataset_means_the_cpu_demo_recipe_and_the_command_line_wins():
+    result = resolved("--train_epochs=3")
+    assert result.recipe == "cpu_demo"
+    assert result.config.dataset == "shapes" and result.sources["dataset"] == "recipe cpu_demo"
+    assert result.config.train_epochs == 3 and result.sources["train_epochs"] == "command line"
+    assert result.sources["temperature"] == "recipe cpu_demo"
+    assert result.sources["num_proj_layers"] == "reference default"
+    assert result.sources["loop"] == "tftrain default"
+    text = result.describe()
+    assert text.startswith("SimCLR configuration (--recipe=cpu_demo:")
+    assert "train_epochs" in text and "(command line)" in text and "(recipe cpu_demo)" in text
+
+
+def test_bad_recipes_are_clear_errors_from_main_before_any_data():
+    for argv, message in [
+        (["--recipe=nope"], "recipe='nope'. Expected one of reference, cpu_demo"),
+        (["--recipe=cpu_demo", "--dataset=cifar10"], "--dataset=cifar10 contradicts --recipe=cpu_demo"),
+        (["--recipe=cpu_demo", "--use_tpu"], "--use_tpu=True contradicts --recipe=cpu_demo"),
+    ]:
+        main.FLAGS(["simclr", *argv])
+        try:
+            with pytest.raises(app.UsageError, match=message):
+                main.main(["simclr"])
+        finally:
+            main.FLAGS.unparse_flags()
+    assert resolved("--recipe=cpu_demo", "--dataset=shapes").config.dataset == "shapes"
+
+
+def test_the_resolved_configuration_is_printed_at_start():
+    flags = test_simclr_program.tiny_flags(num_cpu_devices=2, train_batch_size=15, train_steps=1)
+    completed = test_simclr_program.run_program("--recipe=cpu_demo", *flags)
+    assert completed.returncode != 0  # the uneven batch stops the run after the configuration is printed
+    assert "SimCLR configuration (--recipe=cpu_demo:" in completed.stdout
+    assert "train_batch_size" in completed.stdout and "15" in completed.stdout
+
+
+def finetune_model(**overrides):
+    keras.utils.set_random_seed(0)
+    return experiment.build_model(tiny(train_mode="finetune", **overrides), 8)
+
+
+def test_fine_tune_after_block_freezes_the_encoder_up_to_that_block():
+    def trainable(model):
+        return {v.path.split("/")[-2].split("_")[0] for v in model.encoder.trainable_variables}
+
+    assert trainable(finetune_model()) == {"stem", "group1", "group2", "group3", "group4"}
+    assert trainable(finetune_model(fine_tune_after_block=0)) == {"group1", "group2", "group3", "group4"}
+    model = finetune_model(fine_tune_after_block=2)
+    assert trainable(model) == {"group3", "group4"}
+    heads = model.supervised_head.trainable_variables + model.projection_head.trainable_variables
+    assert heads and all(v.trainable for v in heads)
+    # Frozen batch norms keep their statistics in training mode; the trained ones update theirs.
+    frozen = model.encoder.get_layer("group2_block1_batch_normalization_1")
+    trained = model.encoder.get_layer("group3_block1_batch_normalization_1")
+    before = frozen.moving_mean.numpy().copy(), trained.moving_mean.numpy().copy()
+    model(np.random.RandomState(0).rand(4, 16, 16, 3).astype("float32"), training=True)
+    assert np.array_equal(frozen.moving_mean.numpy(), before[0])
+    assert not np.array_equal(trained.moving_mean.numpy(), before[1])
+    assert finetune_model(fine_tune_after_block=4).encoder.trainable_variables == []
+
+
+def test_bad_fine_tune_after_block_is_refused():
+    for value in (-2, 5):
+        with pytest.raises(ValueError, match=f"--fine_tune_after_block={value}: expected -1"):
+            tiny(train_mode="finetune", fine_tune_after_block=value)
+    with pytest.raises(ValueError, match="Expected --train_mode=finetune"):
+        tiny(fine_tune_after_block=2)
+
+
+def test_head_initializers_and_batch_norm_as_the_reference():
+    model = finetune_model(width_multiplier=0.125, proj_out_dim=64, batch_norm_decay=0.99)
+    assert np.std(model.supervised_head.kernel.numpy()) == pytest.approx(0.01, rel=0.15)
+    dense = model.projection_head.dense_layers[0].kernel.numpy()  # 64 x 64
+    assert np.std(dense) == pytest.approx(0.01, rel=0.1) and abs(np.mean(dense)) < 0.002
+    for norm in model.projection_head.norm_layers:
+        assert norm.epsilon == 1e-5 and norm.momentum == 0.99 and not norm.synchronized
+    synced = experiment.build_model(tiny(global_bn=True), 8)
+    assert all(norm.synchronized for norm in synced.projection_head.norm_layers)
+    zero = finetune_model(zero_init_logits_layer=True)
+    assert not np.any(zero.supervised_head.kernel.numpy())
+
+
+def test_lars_leaves_the_supervised_head_out_of_the_trust_ratio_and_decay():
+    config = tiny(weight_decay=0.5)
+    model = experiment.build_model(config, 8)
+    optimizer = experiment._optimizer(config, 0.1)
+    variables = model.trainable_variables
+    optimizer.build(variables)
+    before = {v.path: v.numpy().copy() for v in variables}
+    optimizer.apply([keras.ops.ones_like(v) for v in variables], variables)
+    steps = {v.path: before[v.path] - v.numpy() for v in variables}
+    head = next(path for path in steps if "head_supervised" in path and path.endswith("kernel"))
+    np.testing.assert_allclose(steps[head], 0.1, rtol=1e-6)  # the plain step: no trust ratio, no decay
+    projection = next(path for path in steps if "proj_dense_0" in path)
+    assert not np.allclose(steps[projection], 0.1)  # LARS's trust ratio and weight decay apply
+
+
+def test_total_steps_are_the_reference_count_in_checkpoint_sized_epochs():
+    config = experiment.Config(**{**TINY, "train_batch_size": 512, "train_epochs": 100})
+    assert experiment._steps_plan(config, 1000) == (2, 98, 1000 * 100 // 512 + 1)
+    every_7 = experiment.Config(
+        **{**TINY, "train_batch_size": 512, "train_epochs": 100, "checkpoint_steps": 7}
+    )
+    assert experiment._steps_plan(every_7, 1000) == (7, 28, 196)
+
+
+def test_checkpoint_steps_and_keep_checkpoint_max(tmp_path):
+    config = experiment.Config(
+        **TINY, train_steps=6, checkpoint_steps=2, keep_checkpoint_max=2, model_dir=str(tmp_path)
+    )
+    assert experiment.run(config)["global_step"] == 6
+    kept = sorted(name for name in os.listdir(tmp_path / "checkpoints") if name.endswith(".index"))
+    assert kept == ["ckpt-4.index", "ckpt-6.index"]
+
+
+def test_se_and_sk_ratios_build_the_reference_blocks():
+    se = experiment.build_model(tiny(width_multiplier=0.125, se_ratio=0.25), 8)
+    assert se.encoder.get_layer("group1_block1_se_reduce").kernel.shape == (1, 1, 8, 2)
+    assert se.encoder.get_layer("group4_block2_se_expand").kernel.shape == (1, 1, 16, 64)
+    sk = experiment.build_model(tiny(resnet_depth=50, cifar_stem=False, sk_ratio=0.0625), 8)
+    names = {layer.name for layer in sk.encoder.layers}
+    assert {"group1_block1_conv2_sk_mix", "stem_conv_a", "group2_block1_projection_pool"} <= names
+    features = sk.encoder(np.zeros([2, 32, 32, 3], np.float32), training=True)
+    assert features.shape == (2, 4 * 32)
+
+
+def test_keep_hub_module_max_keeps_the_newest_encoder_exports(tmp_path):
+    encoder = experiment.build_model(tiny(), 8).encoder
+    for step in (2, 4, 6):
+        path = experiment.export_encoder(encoder, str(tmp_path), step, keep=2)
+    assert path == str(tmp_path / "saved_model" / "6")
+    assert sorted(os.listdir(tmp_path / "saved_model")) == ["4", "6"]
+
+
+def test_tpu_zone_is_refused_clearly():
+    with pytest.raises(ValueError, match="--tpu_zone=us-central1-b is not supported"):
+        experiment.Config(**{**TINY, "use_tpu": True, "tpu_zone": "us-central1-b"})
