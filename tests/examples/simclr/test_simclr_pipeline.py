@@ -1,9 +1,12 @@
-"""SimCLR's input pipelines: two different views per image, one view for finetuning, plain eval images."""
+"""SimCLR's input pipelines: two different views per image, one view for finetuning, plain eval images,
+seeded and checkpointable training streams, the ImageNet crop from the original image."""
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from tftrain import _data_checkpoint, _keras_compat
 from tftrain import data as data_lib
 from tftrain.examples.simclr import augment, pipeline
 
@@ -65,11 +68,12 @@ def test_eval_centre_crops_images_above_32_px():
 def test_finetuning_views_are_cropped_and_flipped_only():
     # A crop or a flip of a one-colour image is the same image; colour jitter or grayscale is not.
     image = np.broadcast_to(np.array([0.8, 0.3, 0.1], np.float32), (20, 20, 3))
-    finetune = pipeline.train_view_fn(16, "finetune", color_jitter_strength=1.0, use_blur=True)
+    finetune = pipeline.train_view_fn(16, "finetune", color_jitter_strength=1.0)
     pretrain = pipeline.train_view_fn(16, "pretrain", color_jitter_strength=1.0)
-    for _ in range(10):
-        np.testing.assert_allclose(finetune(image).numpy(), image[:16, :16], atol=1e-5)
-    assert any(np.abs(pretrain(image).numpy() - image[:16, :16]).max() > 0.05 for _ in range(10))
+    seeds = [augment.seed_for(0, i) for i in range(10)]
+    for seed in seeds:
+        np.testing.assert_allclose(finetune(image, seed).numpy(), image[:16, :16], atol=1e-5)
+    assert any(np.abs(pretrain(image, seed).numpy() - image[:16, :16]).max() > 0.05 for seed in seeds)
 
 
 def test_the_finetuning_pipeline_draws_no_colour_distortion(monkeypatch):
@@ -79,5 +83,94 @@ def test_the_finetuning_pipeline_draws_no_colour_distortion(monkeypatch):
     monkeypatch.setattr(augment, "random_color_jitter", refused)
     monkeypatch.setattr(augment, "to_grayscale", refused)
     monkeypatch.setattr(augment, "random_blur", refused)
+    monkeypatch.setattr(augment, "batch_random_blur", refused)
     _, features, _ = first_batch(is_training=True, train_mode="finetune", use_blur=True)
     assert features.shape == (8, 16, 16, 3)
+
+
+def training_batches(count, **kwargs):
+    args = dict(batch_size=8, image_size=24, num_examples=20, is_training=True, repeat=True, seed=3)
+    dataset = pipeline.build_dataset("shapes", "train", **{**args, **kwargs})
+    return [features.numpy() for features, _ in dataset.take(count)]
+
+
+def test_the_same_seed_gives_the_same_batches_and_another_seed_others():
+    first = training_batches(4, use_blur=True)
+    again = training_batches(4, use_blur=True)
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    other = training_batches(1, use_blur=True, seed=4)
+    assert not np.allclose(first[0], other[0])
+    assert not np.allclose(first[0], first[3])  # the stream goes on: later epochs draw new views
+
+
+def test_blur_is_applied_per_batch_and_leaves_the_views_draws_alone():
+    # The blur has its own random stream: the views it leaves alone are exactly the unblurred ones.
+    plain = np.concatenate(training_batches(3, use_blur=False))
+    blurred = np.concatenate(training_batches(3, use_blur=True))
+    views = lambda x: np.concatenate([x[..., :3], x[..., 3:]])  # noqa: E731
+    same = [np.array_equal(a, b) for a, b in zip(views(plain), views(blurred), strict=True)]
+    assert 0.2 < np.mean(same) < 0.8  # p = 0.5 per view
+
+
+def test_the_training_iterator_checkpoints_symbolically_and_resumes_the_exact_stream(tmp_path):
+    def dataset():
+        built = pipeline.build_dataset(
+            "shapes",
+            "train",
+            batch_size=8,
+            image_size=24,
+            num_examples=20,
+            is_training=True,
+            repeat=True,
+            use_blur=True,
+            seed=3,
+        )
+        mode, prepared = _data_checkpoint.prepare(built, None)
+        assert mode == _data_checkpoint.SYMBOLIC  # positions only: no stateful op, no cache
+        return prepared
+
+    expected = [features.numpy() for features, _ in dataset().take(7)]
+    iterator = iter(dataset())
+    for _ in range(4):  # into the second pass over the 20 examples
+        next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "data"))
+    resumed = iter(dataset())
+    tf.train.Checkpoint(iterator=resumed).read(path).assert_consumed()
+    for want in expected[4:]:
+        np.testing.assert_array_equal(next(resumed)[0].numpy(), want)
+
+
+def test_no_cache_unless_asked():
+    def ops(**kwargs):
+        dataset = pipeline.build_dataset(
+            "shapes", "train", batch_size=8, image_size=16, num_examples=20, **kwargs
+        )
+        return {node.op for node in _keras_compat.dataset_graph_nodes(dataset)}
+
+    for is_training in (True, False):
+        assert not any(op.startswith("CacheDataset") for op in ops(is_training=is_training))
+        assert any(op.startswith("CacheDataset") for op in ops(is_training=is_training, cache_dataset=True))
+
+
+def test_files_are_cropped_from_the_original_image(monkeypatch):
+    # A 48x96 image (tfds reads such at their own size): no resize to a square before the crop.
+    original = np.random.RandomState(0).randint(0, 256, (1, 48, 96, 3)).astype("uint8")
+    sizes = []
+
+    def load(name, split, *, data_dir=None, image_size=None, num_examples=None):
+        sizes.append(image_size)
+        return tf.data.Dataset.from_tensor_slices((original, np.zeros([1], np.int64)))
+
+    monkeypatch.setattr(pipeline.data_lib, "load", load)
+
+    def build(**kwargs):
+        return pipeline.build_dataset("imagenet2012", "train", batch_size=1, image_size=40, **kwargs)
+
+    features, _ = next(iter(build(is_training=True, seed=5, min_crop_area=0.2)))
+    seeds = tf.unstack(tf.random.experimental.stateless_split(augment.seed_for(5, 0), 2))
+    view = pipeline.train_view_fn(40, min_crop_area=0.2)
+    np.testing.assert_array_equal(features[0], tf.concat([view(original[0], s) for s in seeds], axis=-1))
+    features, _ = next(iter(build(is_training=False)))
+    np.testing.assert_array_equal(features[0], augment.preprocess_image(original[0], 40, 40))
+    assert sizes == [None, None]

@@ -5,10 +5,13 @@ Images are float32 `[height, width, 3]` tensors with values in [0, 1] (use
 works eagerly and inside `tf.data.Dataset.map`, and returns a clipped image.
 Colour jitter is SimCLR v2's ("simclrv2"): brightness is a random factor.
 
-Each call draws one seed where it is called, and every choice inside derives
-from it with stateless ops: under a global seed, stateful ops in `tf.cond`
-branches would repeat the same draws in every call (two views alike). So call
-a function once per view; a `tf.function` wrapper called twice repeats too.
+Every random function takes a `seed`: a shape-`[2]` integer tensor (or a
+pair of ints), as `tf.random.stateless_uniform` does. Each choice inside
+(crop box, flip, jitter order and factors, grayscale, blur) derives from it
+with stateless ops, so the same image and seed always give the same view, and
+a `tf.data` pipeline built on them holds no random state: its iterator can be
+checkpointed, and a run replays its stream exactly. Give each view its own
+seed (`seed_for` derives one from a run's seed and a position in the stream).
 """
 
 from __future__ import annotations
@@ -51,13 +54,35 @@ def _check_range(argument: str, value, upper: float | None) -> tuple[float, floa
     return low, high
 
 
-def _new_seed() -> tf.Tensor:
-    """A fresh seed for stateless random ops, drawn in the caller's graph."""
-    return tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+def _as_seed(seed) -> tf.Tensor:
+    seed = tf.convert_to_tensor(seed)
+    if not seed.dtype.is_integer or seed.shape.rank != 1 or seed.shape[0] not in (2, None):
+        raise ValueError(
+            f"Invalid value for argument `seed`. Received: seed={seed!r}. Expected a shape-[2] integer "
+            "tensor or a pair of ints, e.g. `seed_for(run_seed, position)`."
+        )
+    return tf.cast(seed, tf.int64)
 
 
 def _split(seed: tf.Tensor, num: int) -> list[tf.Tensor]:
     return tf.unstack(tf.random.experimental.stateless_split(seed, num))
+
+
+def seed_for(run_seed: int | tf.Tensor, position: int | tf.Tensor, stream: int = 0) -> tf.Tensor:
+    """A stateless seed for one position of a random stream, derived from a run's seed.
+
+    Args:
+        run_seed: The run's integer seed.
+        position: The position in the stream (an int64 counter, e.g. from
+            `tf.data.Dataset.enumerate`).
+        stream: Tells apart independent streams of one run (e.g. the views
+            of each image and the blur of each batch).
+
+    Returns:
+        A shape-`[2]` int64 seed for `tf.random.stateless_*` ops.
+    """
+    base = tf.stack([tf.cast(run_seed, tf.int64), tf.cast(stream, tf.int64)])
+    return tf.random.experimental.stateless_fold_in(base, tf.cast(position, tf.int64))
 
 
 Transform = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (image, seed) -> image
@@ -89,6 +114,7 @@ def random_crop_with_resize(
     image: tf.Tensor,
     height: int,
     width: int,
+    seed,
     area_range: tuple[float, float] = (0.08, 1.0),
     aspect_ratio_range: tuple[float, float] = (3 / 4, 4 / 3),
 ) -> tf.Tensor:
@@ -102,6 +128,7 @@ def random_crop_with_resize(
         image: A `[h, w, c]` float image, of any size.
         height: The output height (>= 8).
         width: The output width (>= 8).
+        seed: A shape-`[2]` integer seed.
         area_range: The (min, max) fraction of the image area to keep.
         aspect_ratio_range: The (min, max) width / height of the box, over the output's.
 
@@ -109,9 +136,10 @@ def random_crop_with_resize(
         A `[height, width, c]` float32 image in [0, 1].
 
     Raises:
-        ValueError: a size below 8 or a bad range.
+        ValueError: a size below 8, a bad range or a bad seed.
     """
     _check_size(height, width)
+    seed = _as_seed(seed)
     area_range = _check_range("area_range", area_range, upper=1.0)
     low, high = _check_range("aspect_ratio_range", aspect_ratio_range, upper=None)
     image = tf.convert_to_tensor(image, tf.float32)
@@ -119,7 +147,7 @@ def random_crop_with_resize(
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(image),
         bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
-        seed=_new_seed(),
+        seed=seed,
         min_object_covered=0.1,
         aspect_ratio_range=(low * aspect, high * aspect),
         area_range=area_range,
@@ -144,7 +172,7 @@ def _color_transforms(strength: float) -> list[Transform]:
 
 
 def random_color_jitter(
-    image: tf.Tensor, strength: float = 1.0, p: float = 0.8, random_order: bool = True
+    image: tf.Tensor, seed, strength: float = 1.0, p: float = 0.8, random_order: bool = True
 ) -> tf.Tensor:
     """With probability `p`, jitters brightness, contrast, saturation and hue.
 
@@ -155,6 +183,7 @@ def random_color_jitter(
 
     Args:
         image: A `[h, w, 3]` float image in [0, 1].
+        seed: A shape-`[2]` integer seed.
         strength: The jitter strength s (>= 0; 0 leaves the image as is).
         p: The probability of jittering.
         random_order: Apply the four transforms in a random order (else in
@@ -164,13 +193,14 @@ def random_color_jitter(
         The image, float32, in [0, 1].
 
     Raises:
-        ValueError: a negative strength or a bad `p`.
+        ValueError: a negative strength, a bad `p` or a bad seed.
     """
     if isinstance(strength, bool) or not isinstance(strength, (int, float)) or strength < 0:
         raise ValueError(
             f"Invalid value for argument `strength`. Received: strength={strength!r}. Expected >= 0."
         )
     _check_probability(p)
+    seed = _as_seed(seed)
     image = tf.convert_to_tensor(image, tf.float32)
     if strength == 0:
         return _clip(image)
@@ -188,116 +218,149 @@ def random_color_jitter(
             x = _clip(tf.ensure_shape(tf.switch_case(order[i], branches), image.shape))
         return x
 
-    return _clip(_random_apply(jitter, p, image, _new_seed()))
+    return _clip(_random_apply(jitter, p, image, seed))
 
 
-def to_grayscale(image: tf.Tensor, p: float = 0.2) -> tf.Tensor:
+def to_grayscale(image: tf.Tensor, seed, p: float = 0.2) -> tf.Tensor:
     """With probability `p`, replaces the image by its luminance in all 3 channels.
 
     Args:
         image: A `[h, w, 3]` float image in [0, 1].
+        seed: A shape-`[2]` integer seed.
         p: The probability of converting.
 
     Returns:
         The image, float32, in [0, 1], still with 3 channels.
 
     Raises:
-        ValueError: a bad `p`.
+        ValueError: a bad `p` or a bad seed.
     """
     _check_probability(p)
     image = tf.convert_to_tensor(image, tf.float32)
     gray = lambda x, seed: tf.tile(tf.image.rgb_to_grayscale(x), [1, 1, 3])  # noqa: E731
-    return _clip(_random_apply(gray, p, image, _new_seed()))
+    return _clip(_random_apply(gray, p, image, _as_seed(seed)))
 
 
-def _gaussian_blur(image: tf.Tensor, kernel_size: int, sigma: tf.Tensor) -> tf.Tensor:
-    """Blurs with a separable gaussian kernel of 2 * (kernel_size // 2) + 1 taps, zero padded."""
+def _gaussian_blur(images: tf.Tensor, kernel_size: int, sigma: tf.Tensor) -> tf.Tensor:
+    """Blurs `[b, h, w, c]` images with a separable gaussian kernel of 2 * (kernel_size // 2) + 1 taps, zero padded."""
     radius = kernel_size // 2
     taps = tf.range(-radius, radius + 1, dtype=tf.float32)
     kernel = tf.exp(-tf.square(taps) / (2.0 * tf.square(sigma)))
     kernel /= tf.reduce_sum(kernel)
-    channels = tf.shape(image)[-1]
+    channels = tf.shape(images)[-1]
     horizontal = tf.tile(tf.reshape(kernel, [1, -1, 1, 1]), [1, 1, channels, 1])
     vertical = tf.tile(tf.reshape(kernel, [-1, 1, 1, 1]), [1, 1, channels, 1])
-    blurred = tf.nn.depthwise_conv2d(image[tf.newaxis], horizontal, [1, 1, 1, 1], padding="SAME")
+    blurred = tf.nn.depthwise_conv2d(images, horizontal, [1, 1, 1, 1], padding="SAME")
     blurred = tf.nn.depthwise_conv2d(blurred, vertical, [1, 1, 1, 1], padding="SAME")
-    return tf.ensure_shape(blurred[0], image.shape)
+    return tf.ensure_shape(blurred, images.shape)
 
 
-def random_blur(image: tf.Tensor, height: int, width: int, p: float = 0.5) -> tf.Tensor:
+def _random_sigma(seed: tf.Tensor) -> tf.Tensor:
+    return tf.random.stateless_uniform([], seed, 0.1, 2.0)
+
+
+def random_blur(image: tf.Tensor, height: int, width: int, seed, p: float = 0.5) -> tf.Tensor:
     """With probability `p`, applies a gaussian blur with sigma drawn in [0.1, 2.0].
 
     The kernel size is `height // 10` made odd (as SimCLR's), so images under
-    20 pixels high get a 1-tap kernel, which leaves them unchanged.
+    20 pixels high get a 1-tap kernel, which leaves them unchanged. SimCLR
+    blurs batches (`batch_random_blur`); this is the same blur for one image.
 
     Args:
         image: A `[height, width, c]` float image in [0, 1].
         height: The image height (>= 8), which sets the kernel size.
         width: The image width (>= 8).
+        seed: A shape-`[2]` integer seed.
         p: The probability of blurring.
 
     Returns:
         The image, float32, in [0, 1].
 
     Raises:
-        ValueError: a size below 8 or a bad `p`.
+        ValueError: a size below 8, a bad `p` or a bad seed.
     """
     _check_size(height, width)
     _check_probability(p)
     image = tf.convert_to_tensor(image, tf.float32)
 
     def blur(x, seed):
-        return _gaussian_blur(x, height // 10, tf.random.stateless_uniform([], seed, 0.1, 2.0))
+        return _gaussian_blur(x[tf.newaxis], height // 10, _random_sigma(seed))[0]
 
-    return _clip(_random_apply(blur, p, image, _new_seed()))
+    return _clip(_random_apply(blur, p, image, _as_seed(seed)))
+
+
+def batch_random_blur(images: tf.Tensor, height: int, width: int, seed, p: float = 0.5) -> tf.Tensor:
+    """Blurs each image of a batch with probability `p`, with one sigma for the batch, as SimCLR.
+
+    SimCLR's reference draws the blur's sigma (in [0.1, 2.0]) once per batch
+    of views and picks the images to blur one by one; so does this.
+
+    Args:
+        images: `[batch, height, width, c]` float images in [0, 1].
+        height: The image height (>= 8), which sets the kernel size (`height // 10`, made odd).
+        width: The image width (>= 8).
+        seed: A shape-`[2]` integer seed.
+        p: The probability of blurring each image.
+
+    Returns:
+        The images, float32, in [0, 1].
+
+    Raises:
+        ValueError: a size below 8, a bad `p` or a bad seed.
+    """
+    _check_size(height, width)
+    _check_probability(p)
+    images = tf.convert_to_tensor(images, tf.float32)
+    sigma_seed, select_seed = _split(_as_seed(seed), 2)
+    blurred = _gaussian_blur(images, height // 10, _random_sigma(sigma_seed))
+    chosen = tf.random.stateless_uniform(tf.shape(images)[:1], select_seed) < p
+    return _clip(tf.where(chosen[:, tf.newaxis, tf.newaxis, tf.newaxis], blurred, images))
 
 
 def preprocess_for_train(
     image: tf.Tensor,
     height: int,
     width: int,
+    seed,
     color_jitter_strength: float = 1.0,
     crop: bool = True,
     flip: bool = True,
-    blur: bool = False,
     min_crop_area: float = 0.08,
 ) -> tf.Tensor:
-    """SimCLR's training augmentation of one view.
+    """SimCLR's training augmentation of one view (the blur is applied per batch: `batch_random_blur`).
 
-    Random crop and resize, random left-right flip, colour jitter (p = 0.8)
-    then grayscale (p = 0.2) when `color_jitter_strength > 0`, and optionally
-    a random gaussian blur (p = 0.5).
+    Random crop and resize, random left-right flip, then colour jitter
+    (p = 0.8) and grayscale (p = 0.2) when `color_jitter_strength > 0`.
 
     Args:
         image: A `[h, w, 3]` float image in [0, 1], of any size.
         height: The output height (>= 8).
         width: The output width (>= 8).
+        seed: A shape-`[2]` integer seed; every draw of the view derives from it.
         color_jitter_strength: The colour jitter strength; 0 for none.
         crop: Whether to random-crop (else the image is only resized).
         flip: Whether to flip left-right at random.
-        blur: Whether to blur at random.
         min_crop_area: The smallest crop, as a fraction of the image area
-            (0.08 in the paper; larger for small objects in small images).
+            (0.08 in the paper).
 
     Returns:
         A `[height, width, 3]` float32 image in [0, 1].
 
     Raises:
-        ValueError: a size below 8 or a negative strength.
+        ValueError: a size below 8, a negative strength or a bad seed.
     """
     _check_size(height, width)
+    crop_seed, flip_seed, jitter_seed, gray_seed = _split(_as_seed(seed), 4)
     image = tf.convert_to_tensor(image, tf.float32)
     if crop:
-        image = random_crop_with_resize(image, height, width, area_range=(min_crop_area, 1.0))
+        image = random_crop_with_resize(image, height, width, crop_seed, area_range=(min_crop_area, 1.0))
     else:
         image = _resize(image, height, width)
     if flip:
-        image = tf.image.stateless_random_flip_left_right(image, _new_seed())
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
     if color_jitter_strength:
-        image = random_color_jitter(image, strength=color_jitter_strength)
-        image = to_grayscale(image)
-    if blur:
-        image = random_blur(image, height, width)
+        image = random_color_jitter(image, jitter_seed, strength=color_jitter_strength)
+        image = to_grayscale(image, gray_seed)
     return _clip(tf.reshape(image, [height, width, 3]))
 
 
@@ -374,8 +437,9 @@ def preprocess_image(
     color_distort: bool = True,
     test_crop: bool = True,
     *,
+    seed=None,
     color_jitter_strength: float = 1.0,
-    blur: bool = False,
+    min_crop_area: float = 0.08,
 ) -> tf.Tensor:
     """Preprocesses one image for SimCLR training (one random view) or evaluation.
 
@@ -389,18 +453,26 @@ def preprocess_image(
         is_training: Random augmentation (True) or the evaluation crop.
         color_distort: Whether training applies colour jitter and grayscale.
         test_crop: Whether evaluation center-crops before resizing.
+        seed: Training only: a shape-`[2]` integer seed for the view's draws.
         color_jitter_strength: The colour jitter strength when `color_distort`.
-        blur: Whether training blurs at random.
+        min_crop_area: Training only: the smallest random crop, as a fraction of the image.
 
     Returns:
         A `[height, width, 3]` float32 image in [0, 1].
 
     Raises:
-        ValueError: a size below 8, or an image that is not 2-D or 3-D with
-            1 or 3 channels.
+        ValueError: a size below 8, an image that is not 2-D or 3-D with
+            1 or 3 channels, or training without a seed.
     """
     image = _to_float_rgb(image)
     if is_training:
+        if seed is None:
+            raise ValueError(
+                "Invalid value for argument `seed`. Received: seed=None with is_training=True. Expected "
+                "a shape-[2] integer seed for the view's random draws, e.g. `seed_for(run_seed, position)`."
+            )
         strength = color_jitter_strength if color_distort else 0.0
-        return preprocess_for_train(image, height, width, color_jitter_strength=strength, blur=blur)
+        return preprocess_for_train(
+            image, height, width, seed, color_jitter_strength=strength, min_crop_area=min_crop_area
+        )
     return preprocess_for_eval(image, height, width, crop=test_crop)
