@@ -217,11 +217,12 @@ def run(config: Config) -> dict[str, Any]:
         )
         start = time.perf_counter()
         if config.loop == "trainer":
-            history = trainer.fit(
+            history = trainer.fit(  # the pipeline shuffles, seeded: `shuffle` would only warn
                 train_data,
                 epochs=epochs,
                 steps_per_epoch=steps_per_epoch,
                 total_steps=total_steps,
+                shuffle=False,
                 verbose=config.verbose,
             )
             results["timing"] = trainer.timing.to_dict() if trainer.timing else None
@@ -234,6 +235,7 @@ def run(config: Config) -> dict[str, Any]:
                 epochs=epochs,
                 steps_per_epoch=steps_per_epoch,
                 callbacks=callbacks,
+                shuffle=False,
                 verbose=config.verbose,
             )
         train_seconds = time.perf_counter() - start
