@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain.examples.simclr import augment
+from tftrain.examples.simclr import augment, blur
 
 
 def rand_image(height, width, channels=3, seed=0):
@@ -45,7 +45,7 @@ def test_train_and_eval_shapes_and_ranges(in_shape, out_size):
     check_image(augment.preprocess_for_eval(image, height, width, crop=False), height, width)
     check_image(augment.random_crop_with_resize(image, height, width, seed(2)), height, width)
     view = augment.preprocess_for_train(image, height, width, seed(3))
-    check_image(augment.random_blur(view, height, width, seed(4), p=1.0), height, width)
+    check_image(blur.random_blur(view, height, width, seed(4), p=1.0), height, width)
 
 
 def test_preprocess_image_converts_uint8_and_single_channel():
@@ -119,7 +119,7 @@ def test_probabilities_zero_and_one():
     image = smooth_image(16)
     np.testing.assert_array_equal(augment.random_color_jitter(image, seed(0), p=0.0).numpy(), image)
     np.testing.assert_array_equal(augment.to_grayscale(image, seed(0), p=0.0).numpy(), image)
-    np.testing.assert_array_equal(augment.random_blur(image, 40, 40, seed(0), p=0.0).numpy(), image)
+    np.testing.assert_array_equal(blur.random_blur(image, 40, 40, seed(0), p=0.0).numpy(), image)
     np.testing.assert_array_equal(
         augment.random_color_jitter(image, seed(0), strength=0.0, p=1.0).numpy(), image
     )
@@ -162,7 +162,7 @@ def test_blur_smooths_and_roughly_preserves_the_mean():
     inner = (slice(8, -8), slice(8, -8))
     stds = []
     for i in range(5):
-        blurred = augment.random_blur(image, 64, 64, seed(i), p=1.0).numpy()
+        blurred = blur.random_blur(image, 64, 64, seed(i), p=1.0).numpy()
         assert blurred.shape == (64, 64, 3)
         assert abs(blurred.mean() - image.mean()) < 0.03  # zero padding darkens the border a little
         assert abs(blurred[inner].mean() - image[inner].mean()) < 0.01
@@ -175,16 +175,16 @@ def test_batch_blur_draws_one_sigma_per_batch_and_picks_images_with_p():
     # As the reference: one sigma for the whole batch, each image blurred or not on its own.
     images = np.stack([rand_image(40, 40, seed=3)] * 64)
     for i in range(4):
-        out = augment.batch_random_blur(images, 40, 40, seed(i)).numpy()
+        out = blur.batch_random_blur(images, 40, 40, seed(i)).numpy()
         assert out.shape == images.shape and out.min() >= 0.0 and out.max() <= 1.0
         blurred = [not np.array_equal(view, images[0]) for view in out]
         assert 10 < sum(blurred) < 54  # p = 0.5 of 64
         distinct = {view.tobytes() for view, changed in zip(out, blurred, strict=True) if changed}
         assert len(distinct) == 1  # equal inputs, one sigma: equal outputs
-    always = augment.batch_random_blur(images, 40, 40, seed(0), p=1.0).numpy()
-    single = augment.random_blur(images[0], 40, 40, seed(9), p=1.0).numpy()
+    always = blur.batch_random_blur(images, 40, 40, seed(0), p=1.0).numpy()
+    single = blur.random_blur(images[0], 40, 40, seed(9), p=1.0).numpy()
     assert not np.array_equal(always[0], single)  # another seed, another sigma
-    np.testing.assert_array_equal(augment.batch_random_blur(images, 40, 40, seed(0), p=0.0), images)
+    np.testing.assert_array_equal(blur.batch_random_blur(images, 40, 40, seed(0), p=0.0), images)
 
 
 def test_the_same_seed_gives_the_same_view_and_another_seed_another():
@@ -193,7 +193,7 @@ def test_the_same_seed_gives_the_same_view_and_another_seed_another():
         lambda s: augment.preprocess_for_train(image, 24, 24, s),
         lambda s: augment.random_color_jitter(image, s, p=1.0),
         lambda s: augment.random_crop_with_resize(image, 24, 24, s),
-        lambda s: augment.random_blur(image, 32, 32, s, p=1.0),
+        lambda s: blur.random_blur(image, 32, 32, s, p=1.0),
     ):
         np.testing.assert_array_equal(fn(seed(5)).numpy(), fn(seed(5)).numpy())
         np.testing.assert_array_equal(fn((3, 4)).numpy(), fn(tf.constant([3, 4], tf.int32)).numpy())
@@ -209,7 +209,7 @@ def test_the_pipeline_functions_hold_no_stateful_random_op():
     @tf.function(input_signature=[image, tf.TensorSpec([2], tf.int64)])
     def view(image, seed):
         out = augment.preprocess_image(image, 16, 16, is_training=True, seed=seed)
-        return augment.batch_random_blur(out[tf.newaxis], 24, 24, seed)
+        return blur.batch_random_blur(out[tf.newaxis], 24, 24, seed)
 
     graph = view.get_concrete_function().graph.as_graph_def()
     ops = {node.op for node in graph.node} | {
@@ -256,7 +256,7 @@ def test_too_small_or_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="Invalid value for argument `width`"):
         augment.preprocess_for_eval(image, 16, 7)
     with pytest.raises(ValueError, match="Invalid value for argument `height`"):
-        augment.random_blur(image, 6, 16, seed(0))
+        blur.random_blur(image, 6, 16, seed(0))
     with pytest.raises(ValueError, match="Invalid value for argument `p`"):
         augment.to_grayscale(image, seed(0), p=1.5)
     with pytest.raises(ValueError, match="Invalid value for argument `strength`"):
@@ -294,7 +294,7 @@ def test_two_views_of_one_position_in_one_map_are_independent():
     def two_views(position, image):
         seeds = tf.unstack(tf.random.experimental.stateless_split(augment.seed_for(0, position), 2))
         jittered = [augment.random_color_jitter(image, s, p=1.0) for s in seeds]
-        blurred = [augment.random_blur(image, 40, 40, s, p=1.0) for s in seeds]
+        blurred = [blur.random_blur(image, 40, 40, s, p=1.0) for s in seeds]
         return tf.stack(jittered), tf.stack(blurred)
 
     dataset = tf.data.Dataset.from_tensor_slices(images).enumerate().map(two_views).batch(120)

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tftrain import _data_checkpoint, _keras_compat
 from tftrain import data as data_lib
-from tftrain.examples.simclr import augment, pipeline
+from tftrain.examples.simclr import augment, blur, pipeline
 
 
 def first_batch(**kwargs):
@@ -82,8 +82,8 @@ def test_the_finetuning_pipeline_draws_no_colour_distortion(monkeypatch):
 
     monkeypatch.setattr(augment, "random_color_jitter", refused)
     monkeypatch.setattr(augment, "to_grayscale", refused)
-    monkeypatch.setattr(augment, "random_blur", refused)
-    monkeypatch.setattr(augment, "batch_random_blur", refused)
+    monkeypatch.setattr(blur, "random_blur", refused)
+    monkeypatch.setattr(blur, "batch_random_blur", refused)
     _, features, _ = first_batch(is_training=True, train_mode="finetune", use_blur=True)
     assert features.shape == (8, 16, 16, 3)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from tftrain import data as data_lib
-from tftrain.examples.simclr import augment
+from tftrain.examples.simclr import augment, blur
 
 # Evaluation centre-crops only images larger than this (SimCLR's CIFAR-size images are used whole).
 EVAL_CROP_MIN_SIZE = 32
@@ -38,7 +38,7 @@ def train_view_fn(
 
     Pretraining: random crop, flip, colour jitter and grayscale (when
     `color_jitter_strength > 0`); the blur is applied per batch
-    (`augment.batch_random_blur`). Finetuning: random crop and flip only, as
+    (`blur.batch_random_blur`). Finetuning: random crop and flip only, as
     the reference's finetuning input.
 
     Args:
@@ -154,7 +154,7 @@ def build_dataset(
         # One seed per batch, from its first example's position in the stream.
         seeds = tf.random.experimental.stateless_split(augment.seed_for(seed, positions[0], BLUR_STREAM), 2)
         views = [
-            augment.batch_random_blur(features[..., 3 * i : 3 * i + 3], image_size, image_size, seeds[i])
+            blur.batch_random_blur(features[..., 3 * i : 3 * i + 3], image_size, image_size, seeds[i])
             for i in range(2)
         ]
         return tf.concat(views, axis=-1), labels
