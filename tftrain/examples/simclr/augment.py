@@ -8,7 +8,7 @@ The blur, applied to batches of views, is in `blur.py`.
 
 Every random function takes a `seed`: a shape-`[2]` integer tensor (or a
 pair of ints), as `tf.random.stateless_uniform` does. Each choice inside
-(crop box, flip, jitter order and factors, grayscale, blur) derives from it
+(crop box, flip, jitter order and factors, grayscale) derives from it
 with stateless ops, so the same image and seed always give the same view, and
 a `tf.data` pipeline built on them holds no random state: its iterator can be
 checkpointed, and a run replays its stream exactly. Give each view its own
@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+# A stateless seed: a shape-[2] integer tensor, or a pair of ints.
+Seed = tf.Tensor | tuple[int, int]
 # The smallest output height/width the crop and blur are meant for.
 MIN_SIZE = 8
 # The fraction of the image the evaluation center crop keeps.
@@ -55,7 +57,7 @@ def _check_range(argument: str, value, upper: float | None) -> tuple[float, floa
     return low, high
 
 
-def _as_seed(seed) -> tf.Tensor:
+def _as_seed(seed: Seed) -> tf.Tensor:
     seed = tf.convert_to_tensor(seed)
     if not seed.dtype.is_integer or seed.shape.rank != 1 or seed.shape[0] not in (2, None):
         raise ValueError(
@@ -115,7 +117,7 @@ def random_crop_with_resize(
     image: tf.Tensor,
     height: int,
     width: int,
-    seed,
+    seed: Seed,
     area_range: tuple[float, float] = (0.08, 1.0),
     aspect_ratio_range: tuple[float, float] = (3 / 4, 4 / 3),
 ) -> tf.Tensor:
@@ -173,7 +175,7 @@ def _color_transforms(strength: float) -> list[Transform]:
 
 
 def random_color_jitter(
-    image: tf.Tensor, seed, strength: float = 1.0, p: float = 0.8, random_order: bool = True
+    image: tf.Tensor, seed: Seed, strength: float = 1.0, p: float = 0.8, random_order: bool = True
 ) -> tf.Tensor:
     """With probability `p`, jitters brightness, contrast, saturation and hue.
 
@@ -222,7 +224,7 @@ def random_color_jitter(
     return _clip(_random_apply(jitter, p, image, seed))
 
 
-def to_grayscale(image: tf.Tensor, seed, p: float = 0.2) -> tf.Tensor:
+def to_grayscale(image: tf.Tensor, seed: Seed, p: float = 0.2) -> tf.Tensor:
     """With probability `p`, replaces the image by its luminance in all 3 channels.
 
     Args:
@@ -246,7 +248,7 @@ def preprocess_for_train(
     image: tf.Tensor,
     height: int,
     width: int,
-    seed,
+    seed: Seed,
     color_jitter_strength: float = 1.0,
     crop: bool = True,
     flip: bool = True,
@@ -362,7 +364,7 @@ def preprocess_image(
     color_distort: bool = True,
     test_crop: bool = True,
     *,
-    seed=None,
+    seed: Seed | None = None,
     color_jitter_strength: float = 1.0,
     min_crop_area: float = 0.08,
 ) -> tf.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tftrain.examples.simclr.augment import (
+    Seed,
     _as_seed,
     _check_probability,
     _check_size,
@@ -35,7 +36,7 @@ def _random_sigma(seed: tf.Tensor) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed, 0.1, 2.0)
 
 
-def random_blur(image: tf.Tensor, height: int, width: int, seed, p: float = 0.5) -> tf.Tensor:
+def random_blur(image: tf.Tensor, height: int, width: int, seed: Seed, p: float = 0.5) -> tf.Tensor:
     """With probability `p`, applies a gaussian blur with sigma drawn in [0.1, 2.0].
 
     The kernel size is `height // 10` made odd (as SimCLR's), so images under
@@ -65,7 +66,7 @@ def random_blur(image: tf.Tensor, height: int, width: int, seed, p: float = 0.5)
     return _clip(_random_apply(blur, p, image, _as_seed(seed)))
 
 
-def batch_random_blur(images: tf.Tensor, height: int, width: int, seed, p: float = 0.5) -> tf.Tensor:
+def batch_random_blur(images: tf.Tensor, height: int, width: int, seed: Seed, p: float = 0.5) -> tf.Tensor:
     """Blurs each image of a batch with probability `p`, with one sigma for the batch, as SimCLR.
 
     SimCLR's reference draws the blur's sigma (in [0.1, 2.0]) once per batch
