@@ -127,7 +127,7 @@ def test_the_training_iterator_checkpoints_symbolically_and_resumes_the_exact_st
             seed=3,
         )
         mode, prepared = _data_checkpoint.prepare(built, None)
-        assert mode == _data_checkpoint.SYMBOLIC  # positions only: no stateful op, no cache
+        assert mode == _data_checkpoint.SYMBOLIC  # no stateful op, no cache: no full iterator state
         return prepared
 
     expected = [features.numpy() for features, _ in dataset().take(7)]

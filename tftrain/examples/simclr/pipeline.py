@@ -4,7 +4,8 @@ Training pipelines hold no random state: the shuffle is seeded, and every
 augmentation draw comes from stateless random ops seeded by the run's seed and
 the example's position in the stream (`augment.seed_for`). Two runs with the
 same seed read the same batches, and tf.data checkpoints the iterator
-symbolically (positions only), so a resumed run continues the exact stream.
+symbolically (positions, random states and the shuffle buffer, no cache), so a resumed run
+continues the exact stream.
 """
 
 from __future__ import annotations
