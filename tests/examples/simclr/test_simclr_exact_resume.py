@@ -22,15 +22,15 @@ import tensorflow as tf
 
 JOB = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "simclr_kill_job.py")
 STEPS = 9
-FLAGS = [
-    "--dataset=shapes",
+FLAGS = [  # the default demo's recipe (cpu_demo, on the generated shapes), at tiny size
     "--image_size=16",
     "--num_train_examples=48",
     "--train_batch_size=16",
     "--width_multiplier=0.0625",
     "--proj_out_dim=16",
     f"--train_steps={STEPS}",
-    "--checkpoint_every_steps=2",
+    "--checkpoint_steps=2",
+    "--keep_checkpoint_max=10",
     "--use_blur",
     "--mode=train",
     "--seed=1",

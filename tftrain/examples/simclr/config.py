@@ -281,7 +281,6 @@ RECIPES = {
                 "use_blur": False,
                 "min_crop_area": 0.35,
                 "global_bn": False,
-                "cache_dataset": True,
                 "mode": "train_then_eval",
                 "linear_eval": True,
                 "use_tpu": False,
