@@ -193,7 +193,6 @@ class StepLoop:
         strategy: tf.distribute.Strategy,
         stop_on_nonfinite: bool = False,
         collect: bool = False,
-        compiled: bool = False,
     ):
         self.step = step
         self.trace_counter = trace_counter
@@ -203,10 +202,9 @@ class StepLoop:
         self.in_graph = in_graph
         self._loop_traces = 0
         self._graph_loop = None
-        if collect:
-            self._graph_loop = _graph_loops.make_collecting_graph_loop(step, strategy) if in_graph else None
-        elif compiled:
-            # Also for one step per call: a call that follows an unread one runs in the graph loop.
+        if in_graph and collect:
+            self._graph_loop = _graph_loops.make_collecting_graph_loop(step, strategy)
+        elif in_graph:
             self._graph_loop = _graph_loops.make_graph_loop(
                 step, strategy, stop_on_nonfinite, self._count_trace
             )
@@ -300,7 +298,7 @@ class StepLoop:
                 steps, examples, outputs = graph_loop(iterator, self._count(num_steps), first)
                 return PendingCall(lambda: _collected(steps, examples, outputs), None, None)
             graph_loop = None
-        if graph_loop is None or not (self.in_graph or unread):
+        if graph_loop is None:
             return self._host_call(iterator, num_steps, first)
         counted = available and first is None and isinstance(iterator, tf.data.Iterator)
         halted = after.halted if unread else self._finite
@@ -321,12 +319,10 @@ class StepLoop:
             self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite, self.collect, first
         )
         if self.collect or not self.stop_on_nonfinite or not result.steps or result.nonfinite:
-            halted = self._finite if self.pipelines else None
-            return PendingCall(lambda: _waited(result), result.steps, result.logs, halted)
-        # The last step's loss test: computed without waiting, read with the result.
-        nonfinite = tf.logical_not(_graph_loops.finite_in_graph(result.logs))
+            return PendingCall(lambda: _waited(result), result.steps, result.logs)
+        # The last step's loss is read with the result: that read is the call's one wait for the device.
         return PendingCall(
-            lambda: result._replace(nonfinite=bool(nonfinite)), result.steps, result.logs, nonfinite
+            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs)), result.steps, result.logs
         )
 
 
@@ -438,9 +434,7 @@ def make_loop(
         step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
         if options.use_tf_function:
             step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
-        return StepLoop(
-            step, counter, in_graph, strategy, stop_on_nonfinite, collect, options.use_tf_function
-        )
+        return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)
 
     devices = strategy.extended.worker_devices
     if options.jit_compile and len(devices) > 1 and all("CPU" in device.upper() for device in devices):
@@ -467,4 +461,4 @@ def make_loop(
     step = counter.wrap(replicated_step if step_counter is None else _counted(replicated_step, step_counter))
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True)
-    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect, options.use_tf_function)
+    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)

@@ -382,11 +382,16 @@ class TrainingRun:
         self.after_call(result, epoch_steps)
         return result
 
-    def settle(self) -> None:
+    def settle(self, next_call_traced: bool = False) -> None:
         """Reads the unread call's results, if any: files its time, and raises if its loss was not finite.
 
         Called after the next call was dispatched (so the read overlaps it),
         before any checkpoint is written, and at the end of a pass.
+
+        Args:
+            next_call_traced: The call dispatched since traced: the unread
+                call's time (which ends at this read) holds that trace, so it
+                is not a steady-state time.
 
         Raises:
             NonFiniteLossError: the call stopped at a non-finite loss (named
@@ -399,7 +404,7 @@ class TrainingRun:
         self._unread = None
         result = call.result()
         if self.timer is not None:
-            self.timer.end_call(result.steps, result.examples, traced=traced)
+            self.timer.end_call(result.steps, result.examples, traced=traced or next_call_traced)
         missing = call.steps - result.steps  # the steps after a non-finite one did not run
         self.progress.global_step -= missing
         self.progress.step_in_epoch -= missing
@@ -513,7 +518,7 @@ def run_pass(
             )
             traced = step_loop.traces != traces_before
             if unread is not None:
-                run.settle()  # the previous call's results, read while this one runs
+                run.settle(traced)  # the previous call's results, read while this one runs
                 unread = None
             defer = (
                 may_defer
