@@ -3,7 +3,10 @@
 One place decides how a step runs (as Keras's `make_train_function` does):
 `make_loop(step_fn, options, strategy)` returns a `StepLoop` whose call runs
 up to `num_steps` steps on an iterator and reports how many ran. The step is
-written once; only the wrapping differs between engines.
+written once; only the wrapping differs between engines. `StepLoop.dispatch`
+starts a call without waiting for the device; the returned `PendingCall`
+reads its results once, when asked, so a caller can read call n after it has
+dispatched call n+1 (the k-step loop itself is in `tftrain._graph_loops`).
 """
 
 from __future__ import annotations
