@@ -213,7 +213,7 @@ class StepLoop:
             )
         self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
         self._num_steps_cache: dict[int, tf.Tensor] = {}
-        self._finite = tf.constant(False)
+        self._not_halted = tf.constant(False)  # `halted` for a call after a read one
 
     def _count_trace(self) -> None:
         self._loop_traces += 1
@@ -304,7 +304,7 @@ class StepLoop:
         if graph_loop is None:
             return self._host_call(iterator, num_steps, first)
         counted = available and first is None and isinstance(iterator, tf.data.Iterator)
-        halted = after.halted if unread else self._finite
+        halted = after.halted if unread else self._not_halted
         counts, nonfinite, outputs = graph_loop(iterator, self._count(num_steps), halted, first, counted)
 
         def read() -> LoopResult:
