@@ -60,20 +60,26 @@ def test_no_checkpoint_holds_the_nan(engine, tmp_path):
     assert int(model.optimizer.iterations) == BAD_STEP
     assert not np.all(np.isfinite(model.get_weights()[0]))  # the bad step did reach the weights
 
-    latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
-    assert latest is not None
+    latest = assert_checkpoints_finite(tmp_path, BAD_STEP)
     assert latest in str(raised.value)  # the error points at the last good checkpoint
     reader = tf.train.load_checkpoint(latest)
     assert int(reader.get_tensor("progress/global_step/.ATTRIBUTES/VARIABLE_VALUE")) == 2
+
+
+def assert_checkpoints_finite(model_dir, bad_step: int) -> str:
+    """Every checkpoint in `model_dir` is of a step before `bad_step` and holds only finite floats; returns the latest."""
+    latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+    assert latest is not None
     checked = 0
-    for path in tf.train.get_checkpoint_state(str(tmp_path / "checkpoints")).all_model_checkpoint_paths:
+    for path in tf.train.get_checkpoint_state(str(model_dir / "checkpoints")).all_model_checkpoint_paths:
         reader = tf.train.load_checkpoint(path)
-        assert int(reader.get_tensor("progress/global_step/.ATTRIBUTES/VARIABLE_VALUE")) < BAD_STEP
+        assert int(reader.get_tensor("progress/global_step/.ATTRIBUTES/VARIABLE_VALUE")) < bad_step
         for key, dtype in reader.get_variable_to_dtype_map().items():
             if dtype.is_floating:
                 assert np.all(np.isfinite(reader.get_tensor(key))), (path, key)
                 checked += 1
     assert checked > 0
+    return latest
 
 
 @host_and_graph_checks

@@ -71,6 +71,7 @@ class CheckpointService(Service):
 
     def save(self, run: TrainingRun) -> str | None:
         """Writes a checkpoint of the run as it is now (once per global step)."""
+        run.settle()  # a save waits for the loss check of the steps it holds
         progress = run.progress
         if self._saved_at_step == progress.global_step and progress.step_in_epoch != 0:
             return None
@@ -149,6 +150,7 @@ class BestCheckpointService(Service):
         if self.best is not None and not (value < self.best if self.mode == "min" else value > self.best):
             return
         self.best = value
+        run.settle()
         progress = run.progress
         self.checkpointer.save(progress, None, run.service_states(), number=progress.global_step)
 

@@ -55,6 +55,11 @@ def _no_hook(batch: int, logs: Any = None) -> None:
     del batch, logs
 
 
+def is_no_hook(hook: Any) -> bool:
+    """Whether `hook` is the no-op `batch_hooks` returns (nothing reads the logs it would be given)."""
+    return hook is _no_hook
+
+
 def block_until_ready(logs: Any) -> None:
     """Waits for a step's outputs, so the clock reads device time too."""
     for value in tf.nest.flatten(logs):

@@ -3,7 +3,10 @@
 One place decides how a step runs (as Keras's `make_train_function` does):
 `make_loop(step_fn, options, strategy)` returns a `StepLoop` whose call runs
 up to `num_steps` steps on an iterator and reports how many ran. The step is
-written once; only the wrapping differs between engines.
+written once; only the wrapping differs between engines. `StepLoop.dispatch`
+starts a call without waiting for the device; the returned `PendingCall`
+reads its results once, when asked, so a caller can read call n after it has
+dispatched call n+1 (the k-step loop itself is in `tftrain._graph_loops`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tftrain import _inputs, _keras_compat, timing
+from tftrain import _graph_loops, _hooks, _inputs, _keras_compat, timing
 from tftrain._validation import check_int
 
 StepFn = Callable[[Any], Any]
@@ -107,13 +110,6 @@ def _reduce_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
     return tf.nest.map_structure(reduce, outputs)
 
 
-def _examples_in(batch: Any, strategy: tf.distribute.Strategy) -> tf.Tensor:
-    """In-graph count of the examples in a batch (its first tensor's rows, all local replicas)."""
-    first = tf.nest.flatten(batch)[0]
-    parts = strategy.experimental_local_results(first)
-    return tf.add_n([_inputs.examples_in_batch(part) for part in parts])
-
-
 def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None:
     """Examples in a batch as known on the host (all local replicas), or None."""
     first = tf.nest.flatten(batch)[0]
@@ -123,28 +119,9 @@ def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None
     return None if None in sizes else sum(sizes)
 
 
-def is_loss_key(key: str) -> bool:
-    """Whether a log is a loss the non-finite guard watches: `loss` or `*_loss`."""
-    return key == "loss" or key.endswith("_loss")
-
-
-def _loss_logs(logs: Any) -> list[Any]:
-    if not isinstance(logs, dict):
-        return []
-    return [value for key, value in logs.items() if isinstance(key, str) and is_loss_key(key)]
-
-
-def _nonfinite_in_graph(logs: Any) -> tf.Tensor:
-    """In-graph: whether any loss in the logs holds a NaN or an infinity."""
-    checks = [
-        tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.cast(value, tf.float32))))
-        for value in _loss_logs(logs)
-    ]
-    return tf.reduce_any(tf.stack(checks)) if checks else tf.constant(False)
-
-
 def _nonfinite_on_host(logs: Any) -> bool:
-    return any(not np.all(np.isfinite(np.asarray(value, dtype=np.float64))) for value in _loss_logs(logs))
+    values = _graph_loops.loss_logs(logs)
+    return any(not np.all(np.isfinite(np.asarray(value, dtype=np.float64))) for value in values)
 
 
 class LoopResult(NamedTuple):
@@ -167,6 +144,39 @@ class LoopResult(NamedTuple):
     examples: int | None
     logs: Any
     nonfinite: bool = False
+
+
+class PendingCall:
+    """A dispatched host call, whose device results the host reads once, in `result()`.
+
+    Attributes:
+        steps: The steps the call runs if the host knows them without reading
+            (a known number of batches was there), else None.
+        halted: In-graph flag for the next call's `after` (the call stopped at
+            a non-finite loss), or None where the call cannot pass one on.
+    """
+
+    def __init__(self, read: Callable[[], LoopResult], steps: int | None, logs: Any, halted: Any = None):
+        self._read = read
+        self._result: LoopResult | None = None
+        self.steps = steps
+        self.logs = logs
+        self.halted = halted
+
+    @property
+    def done(self) -> bool:
+        """Whether `result()` has read the call's results."""
+        return self._result is not None
+
+    def result(self) -> LoopResult:
+        """The call's `LoopResult`: waits for the device the first time (one host read)."""
+        if self._result is None:
+            self._result = self._read()
+        return self._result
+
+    def expected(self) -> LoopResult:
+        """What the call does if its loss stays finite, read from nothing (needs `steps`)."""
+        return LoopResult(self.steps, None, self.logs)
 
 
 class StepLoop:
@@ -192,15 +202,31 @@ class StepLoop:
         self.strategy = strategy
         self.stop_on_nonfinite = stop_on_nonfinite
         self.collect = collect
+        self.in_graph = in_graph
+        self._loop_traces = 0
         self._graph_loop = None
-        if in_graph:
-            if collect:
-                self._graph_loop = _make_collecting_graph_loop(step, strategy)
-            else:
-                self._graph_loop = _make_graph_loop(step, strategy, stop_on_nonfinite)
-        self.in_graph = self._graph_loop is not None
+        if in_graph and collect:
+            self._graph_loop = _graph_loops.make_collecting_graph_loop(step, strategy)
+        elif in_graph:
+            self._graph_loop = _graph_loops.make_graph_loop(
+                step, strategy, stop_on_nonfinite, self._count_trace
+            )
         self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
         self._num_steps_cache: dict[int, tf.Tensor] = {}
+        self._not_halted = tf.constant(False)  # `halted` for a call after a read one
+
+    def _count_trace(self) -> None:
+        self._loop_traces += 1
+
+    @property
+    def traces(self) -> int:
+        """Traces of the step and of the loop around it (a call that traced is not steady state)."""
+        return self.trace_counter.count + self._loop_traces
+
+    @property
+    def pipelines(self) -> bool:
+        """Whether a call can be dispatched before the previous call's results are read (`dispatch`'s `after`)."""
+        return self._graph_loop is not None and not self.collect
 
     def _dense_outputs(self, iterator: Any) -> bool:
         concrete = self.step.get_concrete_function(iterator.element_spec)
@@ -217,8 +243,15 @@ class StepLoop:
         """
         return iterator.get_next_as_optional()
 
+    def _count(self, num_steps: int) -> tf.Tensor:
+        # A cached tensor: passing a fresh Python int would retrace each call.
+        count = self._num_steps_cache.get(num_steps)
+        if count is None:
+            count = self._num_steps_cache[num_steps] = tf.constant(num_steps, tf.int32)
+        return count
+
     def __call__(self, iterator: Iterator[Any], num_steps: int, first: Any = None) -> LoopResult:
-        """Runs the steps.
+        """Runs the steps and reads their results (`dispatch(...).result()`).
 
         Args:
             iterator: A `tf.data` (or distributed) iterator.
@@ -228,29 +261,84 @@ class StepLoop:
         Returns:
             A `LoopResult`.
         """
+        return self.dispatch(iterator, num_steps, first).result()
+
+    def dispatch(
+        self,
+        iterator: Iterator[Any],
+        num_steps: int,
+        first: Any = None,
+        *,
+        available: bool = False,
+        after: PendingCall | None = None,
+    ) -> PendingCall:
+        """Starts the steps without waiting for the device; `result()` of the returned call reads them.
+
+        Args:
+            iterator: A `tf.data` (or distributed) iterator.
+            num_steps: The most steps to run; fewer run if the data ends.
+            first: A non-empty Optional from `peek`: the first step's batch.
+            available: The caller knows the iterator holds `num_steps` more
+                batches (then each step fetches its batch directly).
+            after: The previous call, if its results may still be unread:
+                this call runs no step if that one stopped at a non-finite
+                loss (needs `pipelines`; otherwise that call is read first).
+
+        Returns:
+            A `PendingCall`.
+        """
+        unread = after is not None and not after.done
+        if unread and (after.halted is None or not self.pipelines):
+            after.result()  # no in-graph way to skip this call after a non-finite one: read it now
+            unread = False
         graph_loop = self._graph_loop
         if self.collect and graph_loop is not None:
             # A TensorArray holds dense tensors only: other outputs are joined on the host.
             key = repr(iterator.element_spec)
             if key not in self._dense_by_input:
                 self._dense_by_input[key] = self._dense_outputs(iterator)
-            if not self._dense_by_input[key]:
-                graph_loop = None
+            if self._dense_by_input[key]:
+                steps, examples, outputs = graph_loop(iterator, self._count(num_steps), first)
+                return PendingCall(lambda: _collected(steps, examples, outputs), None, None)
+            graph_loop = None
         if graph_loop is None:
-            return _host_loop(
-                self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite, self.collect, first
-            )
-        # A cached tensor: passing a fresh Python int would retrace each call.
-        count = self._num_steps_cache.get(num_steps)
-        if count is None:
-            count = self._num_steps_cache[num_steps] = tf.constant(num_steps, tf.int32)
-        steps, examples, outputs, nonfinite = graph_loop(iterator, count, first)
-        steps = int(steps)
-        if steps == 0:
-            return LoopResult(0, 0, None)
-        if self.collect:
-            return LoopResult(steps, int(examples), [outputs])
-        return LoopResult(steps, int(examples), outputs.get_value(), bool(nonfinite))
+            return self._host_call(iterator, num_steps, first)
+        counted = available and first is None and isinstance(iterator, tf.data.Iterator)
+        halted = after.halted if unread else self._not_halted
+        counts, nonfinite, outputs = graph_loop(iterator, self._count(num_steps), halted, first, counted)
+
+        def read() -> LoopResult:
+            steps, examples, flagged = (int(value) for value in counts.numpy())
+            if steps == 0:
+                return LoopResult(0, 0, None)
+            logs = outputs if not isinstance(outputs, tf.experimental.Optional) else outputs.get_value()
+            return LoopResult(steps, examples, logs, bool(flagged))
+
+        logs = outputs if not isinstance(outputs, tf.experimental.Optional) else None
+        return PendingCall(read, num_steps if counted and logs is not None else None, logs, nonfinite)
+
+    def _host_call(self, iterator: Iterator[Any], num_steps: int, first: Any) -> PendingCall:
+        result = _host_loop(
+            self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite, self.collect, first
+        )
+        if self.collect or not self.stop_on_nonfinite or not result.steps or result.nonfinite:
+            return PendingCall(lambda: _waited(result), result.steps, result.logs)
+        # The last step's loss is read with the result: that read is the call's one wait for the device.
+        return PendingCall(
+            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs)), result.steps, result.logs
+        )
+
+
+def _waited(result: LoopResult) -> LoopResult:
+    _hooks.block_until_ready(result.logs)
+    return result
+
+
+def _collected(steps: tf.Tensor, examples: tf.Tensor, outputs: Any) -> LoopResult:
+    steps = int(steps)
+    if steps == 0:
+        return LoopResult(0, 0, None)
+    return LoopResult(steps, int(examples), [outputs])
 
 
 def _host_loop(
@@ -263,7 +351,7 @@ def _host_loop(
     first: Any,
 ) -> LoopResult:
     steps, examples, logs, collected = 0, 0, None, []
-    for _ in range(num_steps):
+    for index in range(num_steps):
         if first is not None:
             batch, first = first.get_value(), None
         else:
@@ -277,119 +365,10 @@ def _host_loop(
             collected.append(logs)
         size = _host_batch_size(batch, strategy)
         examples = None if examples is None or size is None else examples + size
-        if stop_on_nonfinite and _nonfinite_on_host(logs):
+        # The last step's loss is tested with the call's result (`StepLoop._host_call`).
+        if stop_on_nonfinite and index + 1 < num_steps and _nonfinite_on_host(logs):
             return LoopResult(steps, examples, logs, True)
     return LoopResult(steps, examples, collected if collect else logs)
-
-
-def _make_graph_loop(step: StepFn, strategy: tf.distribute.Strategy, stop_on_nonfinite: bool):
-    """A `tf.function` that runs up to `num_steps` steps of `step`.
-
-    Batches come from `iterator.get_next_as_optional()`, so a final partial
-    loop (the data ends before `num_steps`) is handled in the graph. The
-    step's output structure comes from its concrete function, so the loop
-    carries an `Optional` of exactly that type. With `stop_on_nonfinite`, the
-    loop also stops right after a step whose loss is not finite.
-    """
-
-    def loop(iterator, num_steps, peeked=None):
-        concrete = step.get_concrete_function(iterator.element_spec)
-        output_spec = tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs)
-
-        def cond(i, examples, outputs, next_batch, nonfinite):
-            del examples, outputs
-            going = tf.logical_and(i < num_steps, next_batch.has_value())
-            return tf.logical_and(going, tf.logical_not(nonfinite))
-
-        def body(i, examples, outputs, next_batch, nonfinite):
-            del outputs, nonfinite
-            batch = next_batch.get_value()
-            logs = step(batch)
-            nonfinite = _nonfinite_in_graph(logs) if stop_on_nonfinite else tf.constant(False)
-            # Only fetch another batch if it will be used: a fetched batch that
-            # is never trained on would be lost from the iterator.
-            following = tf.cond(
-                tf.logical_and(i + 1 < num_steps, tf.logical_not(nonfinite)),
-                iterator.get_next_as_optional,
-                lambda: tf.experimental.Optional.empty(iterator.element_spec),
-            )
-            return (
-                i + 1,
-                examples + _examples_in(batch, strategy),
-                tf.experimental.Optional.from_value(logs),
-                following,
-                nonfinite,
-            )
-
-        first = peeked if peeked is not None else _first_batch(iterator, num_steps)
-        steps, examples, outputs, _, nonfinite = tf.while_loop(
-            cond,
-            body,
-            loop_vars=[
-                tf.constant(0),
-                tf.constant(0, tf.int64),
-                tf.experimental.Optional.empty(output_spec),
-                first,
-                tf.constant(False),
-            ],
-        )
-        return steps, examples, outputs, nonfinite
-
-    return tf.function(loop, reduce_retracing=True)
-
-
-def _first_batch(iterator: Any, num_steps: tf.Tensor) -> Any:
-    return tf.cond(
-        num_steps > 0,
-        iterator.get_next_as_optional,
-        lambda: tf.experimental.Optional.empty(iterator.element_spec),
-    )
-
-
-def _make_collecting_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
-    """A `tf.function` that runs up to `num_steps` steps and returns all their outputs, joined.
-
-    For `predict`: each output leaf goes into a `tf.TensorArray`, joined along
-    the example axis at the end of the call (stacked for scalars), so a call
-    of k steps returns one chunk of k batches' predictions.
-    """
-
-    def loop(iterator, num_steps, peeked=None):
-        concrete = step.get_concrete_function(iterator.element_spec)
-        specs = tf.nest.flatten(tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs))
-
-        def cond(i, examples, arrays, next_batch):
-            del examples, arrays
-            return tf.logical_and(i < num_steps, next_batch.has_value())
-
-        def body(i, examples, arrays, next_batch):
-            batch = next_batch.get_value()
-            outputs = tf.nest.flatten(step(batch))
-            arrays = [array.write(i, output) for array, output in zip(arrays, outputs, strict=True)]
-            following = tf.cond(
-                i + 1 < num_steps,
-                iterator.get_next_as_optional,
-                lambda: tf.experimental.Optional.empty(iterator.element_spec),
-            )
-            return i + 1, examples + _examples_in(batch, strategy), arrays, following
-
-        arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False) for spec in specs]
-        first = peeked if peeked is not None else _first_batch(iterator, num_steps)
-        steps, examples, arrays, _ = tf.while_loop(
-            cond, body, loop_vars=[tf.constant(0), tf.constant(0, tf.int64), arrays, first]
-        )
-        joined = [
-            array.stack() if spec.shape.rank == 0 else array.concat()
-            for array, spec in zip(arrays, specs, strict=True)
-        ]
-        return (
-            steps,
-            examples,
-            tf.nest.pack_sequence_as(concrete.structured_outputs, joined),
-            tf.constant(False),
-        )
-
-    return tf.function(loop, reduce_retracing=True)
 
 
 def _keras_batch(step_fn: StepFn) -> StepFn:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tftrain import _loops, summaries, timing
+from tftrain import _graph_loops, _loops, summaries, timing
 
 if TYPE_CHECKING:
     from tftrain._training_run import TrainingRun
@@ -140,7 +140,9 @@ class NonFiniteGuard(Service):
             return
         progress = run.progress
         losses = {
-            key: np.asarray(value).tolist() for key, value in result.logs.items() if _loops.is_loss_key(key)
+            key: np.asarray(value).tolist()
+            for key, value in result.logs.items()
+            if _graph_loops.is_loss_key(key)
         }
         last_good = run.latest_checkpoint()
         raise NonFiniteLossError(

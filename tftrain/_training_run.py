@@ -330,6 +330,8 @@ class TrainingRun:
         self.timing_service = timing_service
         self.resumed = progress.global_step > 0 or progress.epoch > 0
         self.epoch_steps: int | None = None  # steps in the current epoch, if known
+        self.timer = timing_service.timer if timing_service is not None else None
+        self._unread: tuple[_loops.PendingCall, bool] | None = None  # filed, results not read yet
 
     @property
     def finished(self) -> bool:
@@ -358,6 +360,59 @@ class TrainingRun:
                 wanted = min(wanted, stop - done)
         return max(wanted, 1)
 
+    def ends_at_boundary(self, steps: int) -> bool:
+        """Whether a call of `steps` steps from here ends where a service acts (a save, a summary, ...)."""
+        done = self.progress.global_step
+        return any(service.next_stop(done) == done + steps for service in self.services)
+
+    def file_unread(
+        self, call: _loops.PendingCall, epoch_steps: int | None, traced: bool
+    ) -> _loops.LoopResult:
+        """Files a dispatched call before its results are read: its steps count, its check waits for `settle`.
+
+        The services run as after any call (no service acts at its last step:
+        the caller checked `ends_at_boundary`); the NaN guard's check and the
+        call's time come when `settle` reads the results.
+
+        Returns:
+            The `LoopResult` the services saw (the call's expected steps, logs not read).
+        """
+        result = call.expected()
+        self._unread = (call, traced)  # first: a service that saves now (a preemption) settles it
+        self.after_call(result, epoch_steps)
+        return result
+
+    def settle(self, next_call_traced: bool = False) -> None:
+        """Reads the unread call's results, if any: files its time, and raises if its loss was not finite.
+
+        Called after the next call was dispatched (so the read overlaps it),
+        before any checkpoint is written, and at the end of a pass.
+
+        Args:
+            next_call_traced: The call dispatched since traced: the unread
+                call's time (which ends at this read) holds that trace, so it
+                is not a steady-state time.
+
+        Raises:
+            NonFiniteLossError: the call stopped at a non-finite loss (named
+                by its global step; the next call, dispatched after it, ran
+                no step).
+        """
+        if self._unread is None:
+            return
+        call, traced = self._unread
+        self._unread = None
+        result = call.result()
+        if self.timer is not None:
+            self.timer.end_call(result.steps, result.examples, traced=traced or next_call_traced)
+        missing = call.steps - result.steps  # the steps after a non-finite one did not run
+        self.progress.global_step -= missing
+        self.progress.step_in_epoch -= missing
+        if result.nonfinite:
+            for service in self.services:
+                if isinstance(service, NonFiniteGuard):
+                    service.after_call(self, result)
+
     def before_call(self) -> None:
         """Runs the services' `before_call` (the profiler starts at its window)."""
         for service in self.services:
@@ -381,6 +436,7 @@ class TrainingRun:
 
     def end_epoch(self, epoch_logs: dict[str, Any]) -> None:
         """Moves the progress to the next epoch and runs the services (summaries, then the checkpoint)."""
+        self.settle()
         self.progress.epoch += 1
         self.progress.step_in_epoch = 0
         for service in self.services:
@@ -412,13 +468,20 @@ def run_pass(
     told how long each call took, hooks and services included.
     Every `on_batch_begin` is matched by an `on_batch_end`: where no count
     says where the data ends, the next batch is fetched before the hook.
+
+    A training call whose results nothing needs at once (no batch hook, no
+    service acting at its last step, not the pass's last call, `"auto"` done
+    measuring) is read after the next call is dispatched (`TrainingRun.settle`),
+    so the host does not wait for the device between calls.
     """
     steps_per_call = (
         steps_per_loop if isinstance(steps_per_loop, StepsPerCall) else StepsPerCall(steps_per_loop)
     )
     target = plan.steps
     step = run.progress.step_in_epoch if run is not None else 0
-    logs, data_ended = None, False
+    logs, data_ended, unread = None, False, None
+    # Results are read one call late where nothing on the host needs them at once (module doc).
+    may_defer = run is not None and step_loop.pipelines and _hooks.is_no_hook(on_batch_end)
     try:
         iterator = plan.begin_epoch()
         while target is None or step < target:
@@ -449,14 +512,31 @@ def run_pass(
             on_batch_begin(step)
             if timer is not None:
                 timer.exclude(time.perf_counter() - hook_start)
-            traces_before = step_loop.trace_counter.count
-            result = step_loop(iterator, wanted, first)
-            traced = step_loop.trace_counter.count != traces_before
-            if timer is not None:
-                _hooks.block_until_ready(result.logs)
-                timer.end_call(result.steps, result.examples, traced=traced)
-            if run is not None:
-                run.after_call(result, target)
+            traces_before = step_loop.traces
+            call = step_loop.dispatch(
+                iterator, wanted, first, available=not plan.may_end_unannounced, after=unread
+            )
+            traced = step_loop.traces != traces_before
+            if unread is not None:
+                run.settle(traced)  # the previous call's results, read while this one runs
+                unread = None
+            defer = (
+                may_defer
+                and call.steps is not None
+                and not traced
+                and steps_per_call.chosen is not None
+                and (target is None or step + call.steps < target)
+                and not run.ends_at_boundary(call.steps)
+            )
+            if defer:
+                result = run.file_unread(call, target, traced)
+                unread = call
+            else:
+                result = call.result()
+                if timer is not None:
+                    timer.end_call(result.steps, result.examples, traced=traced)
+                if run is not None:
+                    run.after_call(result, target)
             if result.steps:
                 step += result.steps
                 logs = result.logs
@@ -467,6 +547,8 @@ def run_pass(
                 break
             if should_stop():
                 break
+        if unread is not None:
+            run.settle()
     except BaseException:
         plan.close()
         raise
