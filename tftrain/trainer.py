@@ -88,7 +88,8 @@ class Trainer(InferenceMixin, ExportMixin):
             it, else the current one), as `model.fit` decides. An optimizer
             instance created outside the strategy's scope that holds no state
             yet is recreated in it (`trainer.optimizer` is the one that trains).
-        measure_timing: Time every host call (one host sync per call) and
+        measure_timing: Time every host call (when its results are read:
+            at once for one-step calls, one call late for k-step calls) and
             build `trainer.timing`. Trace counting is always on.
         model_dir: A directory for checkpoints (`model_dir/checkpoints`) and
             TensorBoard event files (`model_dir/train`, `model_dir/validation`).
