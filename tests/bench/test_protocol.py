@@ -126,6 +126,26 @@ def test_interleave_reports_a_failing_variant_and_stops_the_others():
     with pytest.raises(ValueError, match="broken variant"):
         segments.interleave({"fine": fine, "broken": broken}, {"fine": 1, "broken": 1}, segments=3)
 
+    # A variant that fails in its first turn, before the next one ever ran: no thread is left waiting.
+    def broken_at_build(lane):
+        raise ValueError("broken at build")
+
+    outcome = {}
+
+    def ask():
+        try:
+            segments.interleave(
+                {"broken": broken_at_build, "late": fine}, {"broken": 1, "late": 1}, segments=2
+            )
+        except ValueError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "interleave hung after a variant failed before another's first turn"
+    assert "broken at build" in str(outcome["error"])
+
     def short(lane):
         lane.start()
         lane.stop()

@@ -93,8 +93,9 @@ class Lane:
         self._done.set()
 
     def _run(self, runner: Callable[[Lane], Any]) -> None:
-        self._wait_turn()
         try:
+            # Inside the try: a lane stopped before its first turn must still hand the turn back.
+            self._wait_turn()
             self.result = runner(self)
         except BaseException as error:  # reported by `interleave` in the main thread
             self.error = error
