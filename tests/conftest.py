@@ -8,6 +8,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from helpers import ENGINES  # noqa: E402
+from tensorflow.python.framework import config as _tf_config  # noqa: E402
 
 
 @pytest.fixture(params=sorted(ENGINES), ids=sorted(ENGINES))
@@ -29,3 +30,13 @@ def tiny_data():
 def tiny_dataset(tiny_data):
     """The tiny data as a dataset of batches of 8 (the last batch has 2)."""
     return tf.data.Dataset.from_tensor_slices(tiny_data).batch(8)
+
+
+@pytest.fixture(scope="module")
+def deterministic():
+    """Op determinism for the fit tests (process-global: switched back off afterwards)."""
+    was_enabled = _tf_config.is_op_determinism_enabled()
+    tf.config.experimental.enable_op_determinism()
+    yield
+    if not was_enabled:
+        _tf_config.disable_op_determinism()

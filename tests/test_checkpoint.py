@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import compile_args, make_mlp
-from tensorflow.python.framework import config as tf_config
 
 import tftrain
 from tftrain import _data_checkpoint
@@ -332,16 +331,6 @@ def test_bad_checkpoint_options_raise_at_construction(tmp_path, kwargs, match):
 
 
 # ------------------------------------------------ resume through Trainer.fit
-
-
-@pytest.fixture(scope="module")
-def deterministic():
-    """Op determinism for the fit tests (process-global: switched back off afterwards)."""
-    was_enabled = tf_config.is_op_determinism_enabled()
-    tf.config.experimental.enable_op_determinism()
-    yield
-    if not was_enabled:
-        tf_config.disable_op_determinism()
 
 
 def shuffled_dataset():

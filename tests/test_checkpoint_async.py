@@ -110,7 +110,6 @@ def test_a_failed_background_write_raises_at_sync_and_keeps_the_previous_checkpo
 
 
 def fit(model_dir, **kwargs):
-    tf.config.experimental.enable_op_determinism()
     model = make_mlp(3)
     trainer = tftrain.Trainer(model, **compile_args(), model_dir=str(model_dir), steps_per_loop=2, **kwargs)
     data = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(48, seed=1).batch(8)
@@ -118,7 +117,7 @@ def fit(model_dir, **kwargs):
     return model
 
 
-def test_trainer_with_async_checkpoints_writes_what_a_synchronous_run_writes(tmp_path):
+def test_trainer_with_async_checkpoints_writes_what_a_synchronous_run_writes(tmp_path, deterministic):
     common = dict(checkpoint_every_steps=4, best_checkpoint_monitor="val_loss")
     asynchronous = fit(tmp_path / "async", async_checkpoint=True, **common)
     synchronous = fit(tmp_path / "sync", **common)

@@ -491,6 +491,9 @@ class Checkpointer:
             NonFiniteStateError: a model or optimizer variable is not finite.
         """
         self.check_finite()
+        # A pending write reads the object graph from its thread: wait before changing it
+        # (TensorFlow's next save would wait for it anyway).
+        self.sync()
         for name, variable in self._progress.items():
             if variable is self._shared_step:
                 if int(variable.numpy()) != progress.global_step:
