@@ -195,5 +195,6 @@ def test_the_demo_recipe_learns_at_tiny_size():
 
     first_epoch, trained = run(512 // batch), run(300)
     chance = 1 / (2 * batch - 1)  # each view's partner among the batch's other 2B - 1 views
-    assert trained["contrast_acc"] > max(1.6 * first_epoch["contrast_acc"], 10 * chance), (first_epoch, trained)
-    assert trained["contrast_loss"] < first_epoch["contrast_loss"] - 1.0, (first_epoch, trained)
+    runs = (first_epoch, trained)
+    assert trained["contrast_acc"] > max(1.6 * first_epoch["contrast_acc"], 10 * chance), runs
+    assert trained["contrast_loss"] < first_epoch["contrast_loss"] - 1.0, runs
