@@ -183,17 +183,17 @@ def test_the_demo_recipe_learns_at_tiny_size():
     # narrower network: 300 steps must find the positive view far more often than the first epoch does
     # (about 0.26 against 0.11 here; chance is 1/63). Unrelated views (a pairing or augmentation bug) would
     # stay at chance, and a step that does not learn would stay at the first epoch's accuracy.
-    batch = 32
+    examples, batch = 512, 32
 
     def run(steps):
         config = experiment.Config(
-            **{**TINY, "num_train_examples": 512, "train_batch_size": batch, "warmup_epochs": 1},
+            **{**TINY, "num_train_examples": examples, "train_batch_size": batch, "warmup_epochs": 1},
             train_steps=steps,
             mode="train",
         )
         return experiment.run(config)["train_logs"]
 
-    first_epoch, trained = run(512 // batch), run(300)
+    first_epoch, trained = run(examples // batch), run(300)
     chance = 1 / (2 * batch - 1)  # each view's partner among the batch's other 2B - 1 views
     runs = (first_epoch, trained)
     assert trained["contrast_acc"] > max(1.6 * first_epoch["contrast_acc"], 10 * chance), runs
