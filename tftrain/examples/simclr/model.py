@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 import tftrain
-from tftrain.examples.simclr import objective, resnet
+from tftrain.examples.simclr import batch_norm, objective, resnet
 
 PROJ_HEAD_MODES = ("none", "linear", "nonlinear")
 TRAIN_MODES = ("pretrain", "finetune")
@@ -95,7 +95,7 @@ class ProjectionHead(keras.layers.Layer):
                 name=f"proj_dense_{index}",
             )
             # The last layer's batch norm has no offset: a shift would not change the loss.
-            norm = keras.layers.BatchNormalization(
+            norm = batch_norm.BatchNormalization(
                 momentum=self.batch_norm_decay,
                 epsilon=resnet.BATCH_NORM_EPSILON,
                 center=not last,

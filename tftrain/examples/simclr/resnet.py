@@ -6,6 +6,8 @@ import math
 
 import keras
 
+from tftrain.examples.simclr import batch_norm
+
 # Blocks per group and whether the blocks are bottlenecks.
 DEPTHS = {
     18: ((2, 2, 2, 2), False),
@@ -92,7 +94,7 @@ class _Builder:
 
     def batch_norm(self, x, name: str, relu: bool = True, zero_gamma: bool = False):
         # Every name contains "batch_normalization": LARS excludes these variables by path.
-        x = keras.layers.BatchNormalization(
+        x = batch_norm.BatchNormalization(
             momentum=self.batch_norm_decay,
             epsilon=BATCH_NORM_EPSILON,
             gamma_initializer="zeros" if zero_gamma else "ones",
