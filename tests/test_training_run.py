@@ -13,7 +13,7 @@ import tensorflow as tf
 from helpers import make_mlp, read_run
 
 import tftrain
-from tftrain import _loops, _training_run
+from tftrain import _loops
 from tftrain._training_run import NonFiniteLossError
 
 BATCH_SIZE = 4
@@ -181,14 +181,6 @@ def test_loop_without_the_guard_runs_every_step(options):
     assert float(results[1].logs["loss"]) == 6.0  # ran on past the NaN batch
 
 
-@pytest.mark.parametrize("verbose", [0, 1])
-def test_resume_message_is_logged_and_printed_unless_silent(verbose, capsys, caplog):
-    with caplog.at_level("INFO", logger="tftrain"):
-        _training_run.report_resume("tftrain: resumed from x at step 3", verbose)
-    assert "resumed from x" in caplog.text
-    assert ("resumed from x" in capsys.readouterr().out) == bool(verbose)
-
-
 class LazyModel(keras.Model):
     """Built on its first call only, by its own training step (no symbolic build)."""
 
@@ -226,7 +218,7 @@ def test_resume_into_an_unbuilt_model_is_a_clear_error(tmp_path):
 
 
 def test_options_touch_no_directory_until_a_run_starts(tmp_path):
-    from tftrain._training_run import RunOptions
+    from tftrain._run_options import RunOptions
 
     model_dir = tmp_path / "not" / "yet"
     options = RunOptions(model_dir=str(model_dir), checkpoint_every_steps=2)

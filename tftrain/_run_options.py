@@ -1,7 +1,7 @@
 """`RunOptions`: what a `Trainer.fit` writes and guards around its steps, checked when made.
 
 A frozen dataclass, validated in `__post_init__` without touching the
-filesystem; `tftrain._training_run.start_run` creates `model_dir` when a run
+filesystem; `tftrain._run_setup.start_run` creates `model_dir` when a run
 starts.
 """
 

@@ -17,7 +17,7 @@ import os
 
 import keras
 
-from tftrain import _keras_compat, _loops, _services, _training_run, summaries
+from tftrain import _keras_compat, _loops, _run_setup, _services, summaries
 from tftrain import checkpoint as checkpoint_lib
 from tftrain._validation import check_int
 from tftrain.timing import Timing
@@ -198,7 +198,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
         self.restored = self.checkpointer.restore_latest()
         if self.restored is not None:
             _keras_compat.set_initial_epoch(self.model, self.restored.epoch)  # read by keras.Model.fit
-            _training_run.report_resume(
+            _run_setup.report_resume(
                 f"tftrain: resumed from {self.checkpointer.latest} at epoch {self.restored.epoch + 1} "
                 f"(step {self.restored.global_step}).",
                 self.params.get("verbose", 1),

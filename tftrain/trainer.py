@@ -22,6 +22,8 @@ from tftrain import (
     _keras_compat,
     _loops,
     _model_setup,
+    _run_options,
+    _run_setup,
     _strategy_checks,
     _training_run,
     distribute,
@@ -185,7 +187,7 @@ class Trainer(InferenceMixin, ExportMixin):
         self.strategy = strategy or model.distribute_strategy
         self.model = model
         self.measure_timing = bool(measure_timing)
-        self.run_options = _training_run.RunOptions(
+        self.run_options = _run_options.RunOptions(
             model_dir=model_dir,
             checkpoint_every_steps=checkpoint_every_steps,
             max_to_keep=max_to_keep,
@@ -578,7 +580,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 )
             )
         worker = distribute.worker_role(self.strategy)
-        run = _training_run.start_run(
+        run = _run_setup.start_run(
             self.run_options,
             model=self.model,
             extra_state=self.checkpoint_state,
