@@ -14,10 +14,14 @@ from tftrain._auto_steps import PROBE_CALLS, PROBE_STEPS, StepsPerCall, choose_s
 def test_choose_steps_amortises_the_overhead_of_a_call():
     # 1 ms of overhead, 0.1 ms a step: 49 * 1 / 0.1 = 490 steps keep it at 2%, capped at MAX_STEPS.
     assert choose_steps(0.0011, 0.0011 + 7 * 0.0001) == _auto_steps.MAX_STEPS
-    # 0.1 ms of overhead, 0.1 ms a step: 49 steps.
-    assert abs(choose_steps(0.0002, 0.0002 + 7 * 0.0001) - 49) <= 1
-    # The step dominates (20 ms a step, 0.1 ms overhead): one step per call.
-    assert choose_steps(0.0201, 0.0201 + 7 * 0.02) == 1
+    # 10 ms of overhead, 10 ms a step: 49 steps keep it at 2% (more than MIN_CALL_S's 20).
+    assert abs(choose_steps(0.02, 0.02 + 7 * 0.01) - 49) <= 1
+    # 0.1 ms of overhead, 5 ms a step: the overhead needs 10 steps, MIN_CALL_S 40.
+    assert choose_steps(0.0051, 0.0051 + 7 * 0.005) == round(_auto_steps.MIN_CALL_S / 0.005) == 40
+    # The step dominates (20 ms a step, 0.1 ms overhead): calls still run MIN_CALL_S of steps.
+    assert choose_steps(0.0201, 0.0201 + 7 * 0.02) == round(_auto_steps.MIN_CALL_S / 0.02) == 10
+    # A step longer than MIN_CALL_S: one step per call.
+    assert choose_steps(0.3001, 0.3001 + 7 * 0.3) == 1
     # A call stays short: 10 ms steps with a large overhead still make calls of at most MAX_CALL_S.
     assert abs(choose_steps(0.5, 0.5 + 7 * 0.01) - _auto_steps.MAX_CALL_S / 0.01) <= 1
     # Noise that makes the longer probe faster still gives a valid k.
