@@ -211,3 +211,60 @@ def test_explicit_strategy_runs_the_step():
     ran, _, logs, _ = loop(iter(dataset), 100)
     assert ran == len(BATCHES)
     assert float(logs["total"]) == float(np.arange(NUM_VALUES).sum())
+
+
+# ------------------------------------------------------- one step per call, in the graph
+
+
+@pytest.mark.parametrize("engine", ["graph", "xla"])
+def test_one_step_calls_read_their_batch_in_the_graph(engine):
+    """`dispatch(..., available=True)` at one step per call: the in-graph single step, traced once."""
+    counter = Counter()
+    loop = _loops.make_loop(counter, _loops.EngineOptions(**LOOP_ENGINES[engine]))
+    iterator = iter(make_dataset())
+    seen = 0.0
+    for index, batch in enumerate(BATCHES):
+        ran, examples, logs, nonfinite = loop.dispatch(iterator, 1, available=True).result()
+        seen += float(batch.sum())
+        assert (ran, examples, nonfinite) == (1, len(batch), False)
+        assert float(logs["first"]) == batch[0] and float(logs["total"]) == pytest.approx(seen)
+        assert int(counter.steps.numpy()) == index + 1
+    # The partial last batch needed no new trace of the single step (its spec has no batch size).
+    assert loop._single_step.experimental_get_tracing_count() == 1
+    assert loop.traces == loop.trace_counter.count + 1
+
+
+def test_one_step_call_trains_on_the_peeked_batch_and_fetches_no_other():
+    counter = Counter()
+    loop = _loops.make_loop(counter, _loops.EngineOptions())
+    iterator = iter(make_dataset())
+    first = loop.peek(iterator)
+    ran, examples, logs, _ = loop.dispatch(iterator, 1, first).result()
+    assert (ran, examples, float(logs["first"])) == (1, BATCHES[0].size, BATCHES[0][0])
+    assert next(iterator).numpy().tolist() == BATCHES[1].tolist()
+    assert loop._single_step.experimental_get_tracing_count() == 1
+
+
+def test_one_step_call_flags_a_non_finite_loss_in_the_graph():
+    def step(batch):
+        return {"loss": tf.math.log(tf.reduce_min(batch)), "other": tf.constant(float("nan"))}
+
+    loop = _loops.make_loop(step, _loops.EngineOptions(), stop_on_nonfinite=True)
+    iterator = iter(make_dataset())  # the first batch holds 0: log(0) = -inf
+    assert loop.dispatch(iterator, 1, available=True).result().nonfinite
+    assert not loop.dispatch(iterator, 1, available=True).result().nonfinite  # "other" is not a loss
+    unguarded = _loops.make_loop(step, _loops.EngineOptions())
+    assert not unguarded.dispatch(iter(make_dataset()), 1, available=True).result().nonfinite
+
+
+def test_one_step_calls_keep_the_host_loop_where_the_graph_cannot_read_the_batch():
+    """Eager steps, unannounced data, unbatched scalars and distributed iterators fetch in Python."""
+    eager = _loops.make_loop(Counter(), _loops.EngineOptions(use_tf_function=False))
+    assert eager._single_step is None
+    graph = _loops.make_loop(Counter(), _loops.EngineOptions())
+    assert graph.dispatch(iter(make_dataset()), 1).result()[:2] == (1, BATCH)  # not `available`
+    assert not graph._single_step_suits(iter(tf.data.Dataset.range(3)))  # scalars: no rows to count
+    assert graph._single_step_suits(iter(make_dataset()))
+    assert graph._single_step.experimental_get_tracing_count() == 0
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    assert not graph._single_step_suits(iter(strategy.experimental_distribute_dataset(make_dataset())))

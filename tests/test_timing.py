@@ -306,6 +306,14 @@ def test_describe_arguments_shows_unknown_dimensions_while_tracing():
     step(tf.zeros((2, 3)))
     assert seen == {"": "float32[None, 3]"}
 
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)])
+    def any_rank(x):
+        seen.update(timing.describe_arguments(x))
+        return x
+
+    any_rank(tf.zeros(()))
+    assert seen == {"": "float32[unknown rank]"}
+
 
 def test_batch_size_of():
     assert timing.batch_size_of((tf.zeros((5, 2)), tf.zeros((5,)))) == 5

@@ -182,6 +182,11 @@ class PendingCall:
 class StepLoop:
     """Runs up to `num_steps` steps on an iterator per call.
 
+    With `compiled` (the step is a `tf.function`) and one step per call on a
+    plain `tf.data` iterator whose batches are known to be there, a call runs
+    `_graph_loops.make_single_step`: the batch is read in the graph and the
+    step's concrete function is called directly.
+
     Attributes:
         step: The compiled single step (`batch -> logs`).
         trace_counter: Counts traces of the step.
@@ -196,6 +201,7 @@ class StepLoop:
         strategy: tf.distribute.Strategy,
         stop_on_nonfinite: bool = False,
         collect: bool = False,
+        compiled: bool = False,
     ):
         self.step = step
         self.trace_counter = trace_counter
@@ -211,6 +217,11 @@ class StepLoop:
             self._graph_loop = _graph_loops.make_graph_loop(
                 step, strategy, stop_on_nonfinite, self._count_trace
             )
+        self._single_step = None
+        if compiled and not in_graph and not collect:
+            self._single_step = _graph_loops.make_single_step(step, stop_on_nonfinite, self._count_trace)
+        # The single step's concrete function for the current iterator, by whether a batch was peeked.
+        self._single_calls: dict[bool, tuple[Any, Any]] = {}
         self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
         self._num_steps_cache: dict[int, tf.Tensor] = {}
         self._not_halted = tf.constant(False)  # `halted` for a call after a read one
@@ -302,6 +313,8 @@ class StepLoop:
                 return PendingCall(lambda: _collected(steps, examples, outputs), None, None)
             graph_loop = None
         if graph_loop is None:
+            if num_steps == 1 and (available or first is not None) and self._single_step_suits(iterator):
+                return self._single_call(iterator, first)
             return self._host_call(iterator, num_steps, first)
         counted = available and first is None and isinstance(iterator, tf.data.Iterator)
         halted = after.halted if unread else self._not_halted
@@ -316,6 +329,29 @@ class StepLoop:
 
         logs = outputs if not isinstance(outputs, tf.experimental.Optional) else None
         return PendingCall(read, num_steps if counted and logs is not None else None, logs, nonfinite)
+
+    def _single_step_suits(self, iterator: Any) -> bool:
+        """Whether the in-graph single step can run on this iterator (a plain `tf.data` one, batched)."""
+        if self._single_step is None or not isinstance(iterator, tf.data.Iterator):
+            return False
+        first_spec = tf.nest.flatten(iterator.element_spec)[0]
+        return type(first_spec) is tf.TensorSpec and first_spec.shape.rank not in (None, 0)
+
+    def _single_call(self, iterator: tf.data.Iterator, first: Any) -> PendingCall:
+        # The concrete function is called directly: a `tf.function` call would match
+        # its arguments against its traces again at every step, which costs more
+        # host time than the step on small models (docs/benchmarks.md).
+        peeked = first is not None
+        cached = self._single_calls.get(peeked)
+        if cached is None or cached[0] is not iterator:
+            cached = self._single_calls[peeked] = (iterator, self._single_step.get_concrete_function(iterator, first))
+        counts, logs = cached[1](iterator, first)
+
+        def read() -> LoopResult:
+            _, examples, flagged = (int(value) for value in counts.numpy())
+            return LoopResult(1, examples, logs, bool(flagged))
+
+        return PendingCall(read, 1, logs)
 
     def _host_call(self, iterator: Iterator[Any], num_steps: int, first: Any) -> PendingCall:
         result = _host_loop(
@@ -437,7 +473,9 @@ def make_loop(
         step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
         if options.use_tf_function:
             step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
-        return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)
+        return StepLoop(
+            step, counter, in_graph, strategy, stop_on_nonfinite, collect, compiled=options.use_tf_function
+        )
 
     devices = strategy.extended.worker_devices
     if options.jit_compile and len(devices) > 1 and all("CPU" in device.upper() for device in devices):

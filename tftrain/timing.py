@@ -107,9 +107,10 @@ def describe_arguments(args: Any) -> dict[str, str]:
     for path_parts, value in keras.tree.flatten_with_path(args):
         path = "".join(f"[{part!r}]" for part in path_parts)
         if isinstance(value, (tf.Tensor, tf.Variable)) or hasattr(value, "shape"):
-            shape = tuple(getattr(value, "shape", ()))
+            shape = getattr(value, "shape", ())
+            rank_known = getattr(shape, "rank", 0) is not None  # a relaxed retrace may drop the rank
             dtype = getattr(getattr(value, "dtype", None), "name", str(getattr(value, "dtype", "")))
-            described[path] = f"{dtype}{list(shape)}"
+            described[path] = f"{dtype}{list(shape)}" if rank_known else f"{dtype}[unknown rank]"
         else:
             described[path] = f"python value {value!r}"
     return described
