@@ -344,7 +344,10 @@ class StepLoop:
         peeked = first is not None
         cached = self._single_calls.get(peeked)
         if cached is None or cached[0] is not iterator:
-            cached = self._single_calls[peeked] = (iterator, self._single_step.get_concrete_function(iterator, first))
+            cached = self._single_calls[peeked] = (
+                iterator,
+                self._single_step.get_concrete_function(iterator, first),
+            )
         counts, logs = cached[1](iterator, first)
 
         def read() -> LoopResult:
