@@ -10,7 +10,7 @@ retraced after the first call or when the step time regresses against the
 best earlier epoch. Copy it and change what it watches. Run:
 
     python examples/timing_callback.py                         # Trainer.fit, then model.fit
-    python examples/timing_callback.py --drop_remainder=false  # a partial batch retraces: warned
+    python examples/timing_callback.py --drop_remainder=false  # a partial batch: no retrace in either loop
     python examples/timing_callback.py --stall_epoch=3         # a slow callback in epoch 3: warned
 
 A `Trainer` subclass with its own `train_step` never calls the model's, so
@@ -42,7 +42,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_bool(
         "drop_remainder",
         True,
-        "False keeps a partial batch, which retraces the step.",
+        "False keeps a partial batch (neither loop retraces for it: both trace on the dataset's spec).",
         flag_values=flag_values,
     )
     flags.DEFINE_integer(
@@ -183,8 +183,9 @@ def make_data(num_examples: int, batch_size: int, drop_remainder: bool) -> tuple
     rng = np.random.default_rng(0)
     x = rng.random((num_examples, 8), dtype=np.float32)
     dataset = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True)))
-    # With a partial batch, each pass has one batch more than steps_per_epoch, so
-    # the partial batch arrives in the second epoch and retraces the step there.
+    # With a partial batch, each pass has one batch more than steps_per_epoch, so the
+    # partial batch arrives in the second epoch; the batch dimension of the dataset's
+    # spec is then unknown, and both loops trace the step on that spec once.
     return dataset.batch(batch_size, drop_remainder=drop_remainder).repeat(), max(
         num_examples // batch_size, 1
     )
@@ -212,9 +213,7 @@ def train(
     monitor = ThroughputMonitor(slowdown_factor, verbose=verbose)
     callbacks.append(monitor)  # after Stall, so the stall falls inside the monitor's clock
     if loop == "trainer":
-        # One step per call: the step's own tf.function then meets the partial batch (auto's k-step
-        # loop traces on the iterator's spec and would not retrace, as fit does not).
-        tftrain.Trainer(model, steps_per_loop=1).fit(
+        tftrain.Trainer(model).fit(
             dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0
         )
     elif loop == "fit":

@@ -220,8 +220,8 @@ class StepLoop:
         self._single_step = None
         if compiled and not in_graph and not collect:
             self._single_step = _graph_loops.make_single_step(step, stop_on_nonfinite, self._count_trace)
-        # The single step's concrete function for the current iterator, by whether a batch was peeked.
-        self._single_calls: dict[bool, tuple[Any, Any]] = {}
+        # Concrete functions for the current iterator, by call kind (`_traced_call`).
+        self._concrete_calls: dict[Any, tuple[Any, Any]] = {}
         self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
         self._num_steps_cache: dict[int, tf.Tensor] = {}
         self._not_halted = tf.constant(False)  # `halted` for a call after a read one
@@ -318,7 +318,10 @@ class StepLoop:
             return self._host_call(iterator, num_steps, first)
         counted = available and first is None and isinstance(iterator, tf.data.Iterator)
         halted = after.halted if unread else self._not_halted
-        counts, nonfinite, outputs = graph_loop(iterator, self._count(num_steps), halted, first, counted)
+        key = ("loop", first is not None, counted)
+        counts, nonfinite, outputs = self._traced_call(
+            graph_loop, key, iterator, self._count(num_steps), halted, first, counted
+        )
 
         def read() -> LoopResult:
             steps, examples, flagged = (int(value) for value in counts.numpy())
@@ -337,18 +340,21 @@ class StepLoop:
         first_spec = tf.nest.flatten(iterator.element_spec)[0]
         return type(first_spec) is tf.TensorSpec and first_spec.shape.rank not in (None, 0)
 
-    def _single_call(self, iterator: tf.data.Iterator, first: Any) -> PendingCall:
-        # The concrete function is called directly: a `tf.function` call would match
-        # its arguments against its traces again at every step, which costs more
-        # host time than the step on small models (docs/benchmarks.md).
-        peeked = first is not None
-        cached = self._single_calls.get(peeked)
+    def _traced_call(self, function: Any, key: Any, iterator: Any, *args: Any) -> Any:
+        """`function(iterator, *args)` through its concrete function, kept while the iterator is the same.
+
+        A `tf.function` call matches its arguments against its traces again at
+        every call, which costs more host time than a step of a small model
+        (docs/benchmarks.md); the concrete function skips that. `key` names
+        the call's kind and its Python arguments (a trace exists per value).
+        """
+        cached = self._concrete_calls.get(key)
         if cached is None or cached[0] is not iterator:
-            cached = self._single_calls[peeked] = (
-                iterator,
-                self._single_step.get_concrete_function(iterator, first),
-            )
-        counts, logs = cached[1](iterator, first)
+            cached = self._concrete_calls[key] = (iterator, function.get_concrete_function(iterator, *args))
+        return cached[1](iterator, *args)
+
+    def _single_call(self, iterator: tf.data.Iterator, first: Any) -> PendingCall:
+        counts, logs = self._traced_call(self._single_step, ("single", first is not None), iterator, first)
 
         def read() -> LoopResult:
             _, examples, flagged = (int(value) for value in counts.numpy())

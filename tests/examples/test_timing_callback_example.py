@@ -5,6 +5,7 @@ import math
 import pathlib
 import warnings
 
+import keras
 import pytest
 from absl import flags
 
@@ -38,25 +39,36 @@ def test_records_every_epoch(example, loop):
     assert all(math.isfinite(value) and value > 0 for value in history["examples_per_sec"])
 
 
-def test_partial_batch_retrace_is_flagged_under_the_trainer(example):
-    with pytest.warns(UserWarning, match="Epoch 2: the training step traced again in 1 host call"):
-        monitor = example.train(
-            "trainer", epochs=3, num_examples=250, batch_size=32, drop_remainder=False, verbose=False
-        )
-    assert [r["retraced_calls"] for r in monitor.epoch_records] == [0, 1, 0]
-    assert monitor.report.trace_count == 2
-    assert len([alert for alert in monitor.alerts if "traced again" in alert]) == 1
-
-
-def test_keras_fit_does_not_retrace_on_a_partial_batch(example):
-    # Keras traces its step on the iterator's element spec, whose batch size is unknown.
+@pytest.mark.parametrize("loop", ["trainer", "fit"])
+def test_no_loop_retraces_on_a_partial_batch(example, loop):
+    # Both trace the step on the iterator's element spec, whose batch size is unknown.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         monitor = example.train(
-            "fit", epochs=3, num_examples=250, batch_size=32, drop_remainder=False, verbose=False
+            loop, epochs=3, num_examples=250, batch_size=32, drop_remainder=False, verbose=False
         )
     assert [r["retraced_calls"] for r in monitor.epoch_records] == [0, 0, 0]
+    assert [r["steps"] for r in monitor.epoch_records] == [7, 7, 7]  # the partial batch is one of them
     assert not [alert for alert in monitor.alerts if "traced again" in alert]
+
+
+def test_a_rebuilt_train_function_retraces_and_is_flagged(example):
+    """A step traced again mid-run (Keras's train function rebuilt at epoch 2): warned, that epoch only."""
+
+    class Rebuild(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                self.model.make_train_function(force=True)
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    dataset, steps = example.make_data(256, 32, True)
+    monitor = example.ThroughputMonitor(verbose=False)
+    with pytest.warns(UserWarning, match="Epoch 2: the training step traced again in 1 host call"):
+        model.fit(dataset, epochs=3, steps_per_epoch=steps, callbacks=[Rebuild(), monitor], verbose=0)
+    assert [r["retraced_calls"] for r in monitor.epoch_records] == [0, 1, 0]
+    assert len([alert for alert in monitor.alerts if "traced again" in alert]) == 1
 
 
 @pytest.mark.parametrize("loop", ["trainer", "fit"])
