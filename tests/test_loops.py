@@ -217,8 +217,8 @@ def test_explicit_strategy_runs_the_step():
 
 
 @pytest.mark.parametrize("engine", ["graph", "xla"])
-def test_one_step_calls_read_their_batch_in_the_graph(engine):
-    """`dispatch(..., available=True)` at one step per call: the in-graph single step, traced once."""
+def test_one_step_calls_run_the_single_step_traced_once(engine):
+    """`dispatch(..., available=True)` at one step per call: the single step (XLA: on a batch read in Python)."""
     counter = Counter()
     loop = _loops.make_loop(counter, _loops.EngineOptions(**LOOP_ENGINES[engine]))
     iterator = iter(make_dataset())
@@ -232,11 +232,15 @@ def test_one_step_calls_read_their_batch_in_the_graph(engine):
     # The partial last batch needed no new trace of the single step (its spec has no batch size).
     assert loop._single_step.experimental_get_tracing_count() == 1
     assert loop.traces == loop.trace_counter.count + 1
+    assert loop._single_step_on_batch == (engine == "xla")
+    with pytest.raises(StopIteration):  # every batch was trained on, none fetched beyond
+        next(iterator)
 
 
-def test_one_step_call_trains_on_the_peeked_batch_and_fetches_no_other():
+@pytest.mark.parametrize("engine", ["graph", "xla"])
+def test_one_step_call_trains_on_the_peeked_batch_and_fetches_no_other(engine):
     counter = Counter()
-    loop = _loops.make_loop(counter, _loops.EngineOptions())
+    loop = _loops.make_loop(counter, _loops.EngineOptions(**LOOP_ENGINES[engine]))
     iterator = iter(make_dataset())
     first = loop.peek(iterator)
     ran, examples, logs, _ = loop.dispatch(iterator, 1, first).result()
@@ -245,11 +249,12 @@ def test_one_step_call_trains_on_the_peeked_batch_and_fetches_no_other():
     assert loop._single_step.experimental_get_tracing_count() == 1
 
 
-def test_one_step_call_flags_a_non_finite_loss_in_the_graph():
+@pytest.mark.parametrize("engine", ["graph", "xla"])
+def test_one_step_call_flags_a_non_finite_loss_in_the_graph(engine):
     def step(batch):
         return {"loss": tf.math.log(tf.reduce_min(batch)), "other": tf.constant(float("nan"))}
 
-    loop = _loops.make_loop(step, _loops.EngineOptions(), stop_on_nonfinite=True)
+    loop = _loops.make_loop(step, _loops.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True)
     iterator = iter(make_dataset())  # the first batch holds 0: log(0) = -inf
     assert loop.dispatch(iterator, 1, available=True).result().nonfinite
     assert not loop.dispatch(iterator, 1, available=True).result().nonfinite  # "other" is not a loss

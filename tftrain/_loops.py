@@ -184,8 +184,9 @@ class StepLoop:
 
     With `compiled` (the step is a `tf.function`) and one step per call on a
     plain `tf.data` iterator whose batches are known to be there, a call runs
-    `_graph_loops.make_single_step`: the batch is read in the graph and the
-    step's concrete function is called directly.
+    `_graph_loops.make_single_step` through its concrete function: the batch
+    is read in the graph (with `jit_compile`, in Python, and the whole call
+    is compiled).
 
     Attributes:
         step: The compiled single step (`batch -> logs`).
@@ -202,6 +203,7 @@ class StepLoop:
         stop_on_nonfinite: bool = False,
         collect: bool = False,
         compiled: bool = False,
+        jit_compile: bool = False,
     ):
         self.step = step
         self.trace_counter = trace_counter
@@ -218,8 +220,11 @@ class StepLoop:
                 step, strategy, stop_on_nonfinite, self._count_trace
             )
         self._single_step = None
+        self._single_step_on_batch = jit_compile  # the XLA single step takes the batch, not the iterator
         if compiled and not in_graph and not collect:
-            self._single_step = _graph_loops.make_single_step(step, stop_on_nonfinite, self._count_trace)
+            self._single_step = _graph_loops.make_single_step(
+                step, stop_on_nonfinite, self._count_trace, jit_compile=jit_compile
+            )
         # Concrete functions for the current iterator, by call kind (`_traced_call`).
         self._concrete_calls: dict[Any, tuple[Any, Any]] = {}
         self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
@@ -354,7 +359,18 @@ class StepLoop:
         return cached[1](iterator, *args)
 
     def _single_call(self, iterator: tf.data.Iterator, first: Any) -> PendingCall:
-        counts, logs = self._traced_call(self._single_step, ("single", first is not None), iterator, first)
+        if self._single_step_on_batch:
+            batch = next(iterator) if first is None else first.get_value()
+            cached = self._concrete_calls.get("single")
+            if cached is None or cached[0] is not iterator:
+                # Traced on the iterator's spec: a short last batch needs no new trace.
+                concrete = self._single_step.get_concrete_function(iterator.element_spec)
+                cached = self._concrete_calls["single"] = (iterator, concrete)
+            counts, logs = cached[1](batch)
+        else:
+            counts, logs = self._traced_call(
+                self._single_step, ("single", first is not None), iterator, first
+            )
 
         def read() -> LoopResult:
             _, examples, flagged = (int(value) for value in counts.numpy())
@@ -483,7 +499,14 @@ def make_loop(
         if options.use_tf_function:
             step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
         return StepLoop(
-            step, counter, in_graph, strategy, stop_on_nonfinite, collect, compiled=options.use_tf_function
+            step,
+            counter,
+            in_graph,
+            strategy,
+            stop_on_nonfinite,
+            collect,
+            compiled=options.use_tf_function,
+            jit_compile=options.jit_compile,
         )
 
     devices = strategy.extended.worker_devices
