@@ -1,6 +1,8 @@
 """Tests for `tftrain._loops`: engine options and the step loops of every engine."""
 
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -273,3 +275,16 @@ def test_one_step_calls_keep_the_host_loop_where_the_graph_cannot_read_the_batch
     assert graph._single_step.experimental_get_tracing_count() == 0
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     assert not graph._single_step_suits(iter(strategy.experimental_distribute_dataset(make_dataset())))
+
+
+@pytest.mark.parametrize("engine", ["graph", "xla", "graph_loop3"])
+def test_a_loop_does_not_keep_a_finished_iterator_alive(engine):
+    """The concrete functions are kept per iterator, which they hold weakly (its buffers can go)."""
+    loop = _loops.make_loop(Counter(), _loops.EngineOptions(**LOOP_ENGINES[engine]))
+    iterator = iter(make_dataset())
+    assert loop.dispatch(iterator, 1, available=True).result()[0] == 1
+    assert loop._concrete_calls  # the call went through a cached concrete function
+    ref = weakref.ref(iterator)
+    del iterator
+    gc.collect()
+    assert ref() is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -225,7 +226,8 @@ class StepLoop:
             self._single_step = _graph_loops.make_single_step(
                 step, stop_on_nonfinite, self._count_trace, jit_compile=jit_compile
             )
-        # Concrete functions for the current iterator, by call kind (`_traced_call`).
+        # Concrete functions for the current iterator (held weakly: a finished pass's
+        # iterator and its buffers are freed), by call kind (`_traced_call`).
         self._concrete_calls: dict[Any, tuple[Any, Any]] = {}
         self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
         self._num_steps_cache: dict[int, tf.Tensor] = {}
@@ -354,18 +356,19 @@ class StepLoop:
         the call's kind and its Python arguments (a trace exists per value).
         """
         cached = self._concrete_calls.get(key)
-        if cached is None or cached[0] is not iterator:
-            cached = self._concrete_calls[key] = (iterator, function.get_concrete_function(iterator, *args))
+        if cached is None or cached[0]() is not iterator:
+            concrete = function.get_concrete_function(iterator, *args)
+            cached = self._concrete_calls[key] = (weakref.ref(iterator), concrete)
         return cached[1](iterator, *args)
 
     def _single_call(self, iterator: tf.data.Iterator, first: Any) -> PendingCall:
         if self._single_step_on_batch:
             batch = next(iterator) if first is None else first.get_value()
             cached = self._concrete_calls.get("single")
-            if cached is None or cached[0] is not iterator:
+            if cached is None or cached[0]() is not iterator:
                 # Traced on the iterator's spec: a short last batch needs no new trace.
                 concrete = self._single_step.get_concrete_function(iterator.element_spec)
-                cached = self._concrete_calls["single"] = (iterator, concrete)
+                cached = self._concrete_calls["single"] = (weakref.ref(iterator), concrete)
             counts, logs = cached[1](batch)
         else:
             counts, logs = self._traced_call(
