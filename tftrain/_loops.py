@@ -226,9 +226,11 @@ class StepLoop:
             self._single_step = _graph_loops.make_single_step(
                 step, stop_on_nonfinite, self._count_trace, jit_compile=jit_compile
             )
-        # Concrete functions for the current iterator (held weakly: a finished pass's
-        # iterator and its buffers are freed), by call kind (`_traced_call`).
+        # Per iterator, held weakly (a finished pass's iterator and its buffers are
+        # freed): the concrete functions by call kind (`_concrete`), and whether
+        # the single step suits it.
         self._concrete_calls: dict[Any, tuple[Any, Any]] = {}
+        self._suits: tuple[Any, bool] | None = None
         self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
         self._num_steps_cache: dict[int, tf.Tensor] = {}
         self._not_halted = tf.constant(False)  # `halted` for a call after a read one
@@ -325,10 +327,10 @@ class StepLoop:
             return self._host_call(iterator, num_steps, first)
         counted = available and first is None and isinstance(iterator, tf.data.Iterator)
         halted = after.halted if unread else self._not_halted
-        key = ("loop", first is not None, counted)
-        counts, nonfinite, outputs = self._traced_call(
-            graph_loop, key, iterator, self._count(num_steps), halted, first, counted
-        )
+        args = (iterator, self._count(num_steps), halted, first, counted)
+        counts, nonfinite, outputs = self._concrete(
+            ("loop", first is not None, counted), iterator, graph_loop, *args
+        )(*args)
 
         def read() -> LoopResult:
             steps, examples, flagged = (int(value) for value in counts.numpy())
@@ -344,36 +346,34 @@ class StepLoop:
         """Whether the in-graph single step can run on this iterator (a plain `tf.data` one, batched)."""
         if self._single_step is None or not isinstance(iterator, tf.data.Iterator):
             return False
-        first_spec = tf.nest.flatten(iterator.element_spec)[0]
-        return type(first_spec) is tf.TensorSpec and first_spec.shape.rank not in (None, 0)
+        if self._suits is None or self._suits[0]() is not iterator:  # decided once per iterator
+            first_spec = tf.nest.flatten(iterator.element_spec)[0]
+            suits = type(first_spec) is tf.TensorSpec and first_spec.shape.rank not in (None, 0)
+            self._suits = (weakref.ref(iterator), suits)
+        return self._suits[1]
 
-    def _traced_call(self, function: Any, key: Any, iterator: Any, *args: Any) -> Any:
-        """`function(iterator, *args)` through its concrete function, kept while the iterator is the same.
+    def _concrete(self, key: Any, iterator: Any, function: Any, *trace_args: Any) -> Any:
+        """`function`'s concrete function for `trace_args`, kept while the iterator is the same.
 
         A `tf.function` call matches its arguments against its traces again at
         every call, which costs more host time than a step of a small model
-        (docs/benchmarks.md); the concrete function skips that. `key` names
-        the call's kind and its Python arguments (a trace exists per value).
+        (docs/benchmarks.md); calling the concrete function skips that. `key`
+        names the call's kind and its Python arguments (a trace exists per value).
         """
         cached = self._concrete_calls.get(key)
         if cached is None or cached[0]() is not iterator:
-            concrete = function.get_concrete_function(iterator, *args)
-            cached = self._concrete_calls[key] = (weakref.ref(iterator), concrete)
-        return cached[1](iterator, *args)
+            cached = (weakref.ref(iterator), function.get_concrete_function(*trace_args))
+            self._concrete_calls[key] = cached
+        return cached[1]
 
     def _single_call(self, iterator: tf.data.Iterator, first: Any) -> PendingCall:
         if self._single_step_on_batch:
             batch = next(iterator) if first is None else first.get_value()
-            cached = self._concrete_calls.get("single")
-            if cached is None or cached[0]() is not iterator:
-                # Traced on the iterator's spec: a short last batch needs no new trace.
-                concrete = self._single_step.get_concrete_function(iterator.element_spec)
-                cached = self._concrete_calls["single"] = (weakref.ref(iterator), concrete)
-            counts, logs = cached[1](batch)
+            # Traced on the iterator's spec: a short last batch needs no new trace.
+            counts, logs = self._concrete("single", iterator, self._single_step, iterator.element_spec)(batch)
         else:
-            counts, logs = self._traced_call(
-                self._single_step, ("single", first is not None), iterator, first
-            )
+            key = ("single", first is not None)
+            counts, logs = self._concrete(key, iterator, self._single_step, iterator, first)(iterator, first)
 
         def read() -> LoopResult:
             _, examples, flagged = (int(value) for value in counts.numpy())
