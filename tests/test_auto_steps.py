@@ -7,25 +7,25 @@ import tensorflow as tf
 from helpers import compile_args, make_mlp, max_weight_difference
 
 import tftrain
-from tftrain import _auto_steps
-from tftrain._auto_steps import PROBE_CALLS, PROBE_STEPS, StepsPerCall, choose_steps
+from tftrain.engine import auto_steps
+from tftrain.engine.auto_steps import PROBE_CALLS, PROBE_STEPS, StepsPerCall, choose_steps
 
 
 def test_choose_steps_amortises_the_overhead_of_a_call():
     # 1 ms of overhead, 0.1 ms a step: 49 * 1 / 0.1 = 490 steps keep it at 2%, capped at MAX_STEPS.
-    assert choose_steps(0.0011, 0.0011 + 7 * 0.0001) == _auto_steps.MAX_STEPS
+    assert choose_steps(0.0011, 0.0011 + 7 * 0.0001) == auto_steps.MAX_STEPS
     # 10 ms of overhead, 10 ms a step: 49 steps keep it at 2% (more than MIN_CALL_S's 20).
     assert abs(choose_steps(0.02, 0.02 + 7 * 0.01) - 49) <= 1
     # 0.1 ms of overhead, 5 ms a step: the overhead needs 10 steps, MIN_CALL_S 40.
-    assert choose_steps(0.0051, 0.0051 + 7 * 0.005) == round(_auto_steps.MIN_CALL_S / 0.005) == 40
+    assert choose_steps(0.0051, 0.0051 + 7 * 0.005) == round(auto_steps.MIN_CALL_S / 0.005) == 40
     # The step dominates (20 ms a step, 0.1 ms overhead): calls still run MIN_CALL_S of steps.
-    assert choose_steps(0.0201, 0.0201 + 7 * 0.02) == round(_auto_steps.MIN_CALL_S / 0.02) == 10
+    assert choose_steps(0.0201, 0.0201 + 7 * 0.02) == round(auto_steps.MIN_CALL_S / 0.02) == 10
     # A step longer than MIN_CALL_S: one step per call.
     assert choose_steps(0.3001, 0.3001 + 7 * 0.3) == 1
     # A call stays short: 10 ms steps with a large overhead still make calls of at most MAX_CALL_S.
-    assert abs(choose_steps(0.5, 0.5 + 7 * 0.01) - _auto_steps.MAX_CALL_S / 0.01) <= 1
+    assert abs(choose_steps(0.5, 0.5 + 7 * 0.01) - auto_steps.MAX_CALL_S / 0.01) <= 1
     # Noise that makes the longer probe faster still gives a valid k.
-    assert 1 <= choose_steps(0.002, 0.001) <= _auto_steps.MAX_STEPS
+    assert 1 <= choose_steps(0.002, 0.001) <= auto_steps.MAX_STEPS
 
 
 def test_steps_per_call_probes_then_keeps_its_choice():
@@ -66,7 +66,7 @@ def test_auto_trains_as_one_step_per_call_does_and_chooses_k():
     assert max_weight_difference(auto.model, one.model) < 1e-5
     assert history.history.keys() == one.model.history.history.keys()
     chooser = auto._auto_steps["train"]
-    assert chooser.chosen is not None and 1 <= chooser.chosen <= _auto_steps.MAX_STEPS
+    assert chooser.chosen is not None and 1 <= chooser.chosen <= auto_steps.MAX_STEPS
     assert auto.chosen_steps_per_loop == chooser.chosen and one.chosen_steps_per_loop is None
     assert auto.timing.steps == 100 and auto.timing.trace_count == 1
     # The choice is kept: a second fit runs at the chosen k from its first call.

@@ -21,7 +21,6 @@ import tensorflow as tf
 from helpers import compile_args, make_mlp
 
 import tftrain
-from tftrain import _data_checkpoint
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.checkpoint import (
     Checkpointer,
@@ -29,6 +28,7 @@ from tftrain.checkpoint import (
     IncompatibleCheckpointError,
     NonFiniteStateError,
     Progress,
+    data_position,
     seed_generator_states,
     training_state,
 )
@@ -713,8 +713,8 @@ def test_a_checkpoint_from_before_data_modes_resumes_its_iterator_exactly(
 ):
     # Written as tftrain wrote checkpoints before: the iterator with its buffers, no "data" state.
     reference = uninterrupted(shuffled_dataset, 3)
-    monkeypatch.setattr(_data_checkpoint, "prepare", lambda dataset, saved: ("full", dataset))
-    monkeypatch.setattr(_data_checkpoint.DataCheckpointService, "state_dict", lambda self: None)
+    monkeypatch.setattr(data_position, "prepare", lambda dataset, saved: ("full", dataset))
+    monkeypatch.setattr(data_position.DataCheckpointService, "state_dict", lambda self: None)
     with pytest.raises(Crash):
         fit(tmp_path, shuffled_dataset, 3, stop_at=7, checkpoint_every_steps=2)
     monkeypatch.undo()

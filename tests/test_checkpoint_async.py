@@ -14,8 +14,8 @@ import tensorflow as tf
 from helpers import compile_args, make_mlp
 
 import tftrain
-from tftrain import _keras_compat
 from tftrain.checkpoint import Checkpointer, Progress, training_state
+from tftrain.compat import keras_internals
 
 RNG = np.random.RandomState(0)
 X = RNG.rand(48, 6).astype("float32")
@@ -152,9 +152,9 @@ def test_bad_async_checkpoint_arguments_raise_at_construction(kwargs, error, mat
 
 def test_async_checkpoint_where_tensorflow_cannot_raises_before_training(tmp_path, monkeypatch):
     monkeypatch.delattr(tf.train.Checkpoint, "_async_checkpointer")
-    with pytest.raises(_keras_compat.KerasInternalsError, match="asynchronous checkpoint saving"):
+    with pytest.raises(keras_internals.KerasInternalsError, match="asynchronous checkpoint saving"):
         tftrain.Trainer(make_mlp(), **compile_args(), model_dir=str(tmp_path), async_checkpoint=True)
-    with pytest.raises(_keras_compat.KerasInternalsError):
+    with pytest.raises(keras_internals.KerasInternalsError):
         Checkpointer(str(tmp_path / "c"), training_state(make_mlp()), async_write=True)
     with pytest.raises(TypeError, match="async_write=1"):
         Checkpointer(str(tmp_path / "d"), training_state(make_mlp()), async_write=1)

@@ -1,4 +1,4 @@
-"""`tftrain._data_checkpoint`: how a checkpoint keeps the data position, checked against tf.data itself."""
+"""`tftrain.checkpoint.data_position`: how a checkpoint keeps the data position, checked against tf.data itself."""
 
 import warnings
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain import _data_checkpoint, _keras_compat
+from tftrain.checkpoint import data_position
+from tftrain.compat import keras_internals
 
 X = np.random.RandomState(0).rand(60, 4).astype("float32")
 
@@ -42,12 +43,12 @@ UNSUPPORTED = {
 
 
 def nodes(dataset):
-    return _keras_compat.dataset_graph_nodes(dataset)
+    return keras_internals.dataset_graph_nodes(dataset)
 
 
 def symbolic_round_trip(dataset, tmp_path):
     """TensorFlow's own answer: save a started iterator symbolically, restore, compare the next batch."""
-    dataset = _data_checkpoint.with_symbolic_checkpoint(dataset)
+    dataset = data_position.with_symbolic_checkpoint(dataset)
     iterator = iter(dataset)
     for _ in range(3):
         next(iterator)
@@ -62,14 +63,14 @@ def symbolic_round_trip(dataset, tmp_path):
 @pytest.mark.parametrize("name", sorted(SUPPORTED))
 def test_pipelines_said_to_save_symbolically_do(name, tmp_path):
     dataset = SUPPORTED[name]()
-    assert _data_checkpoint.supports_symbolic_checkpoint(nodes(dataset))
+    assert data_position.supports_symbolic_checkpoint(nodes(dataset))
     assert symbolic_round_trip(dataset, tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(UNSUPPORTED))
 def test_pipelines_said_not_to_save_symbolically_cannot(name, tmp_path):
     dataset = UNSUPPORTED[name]()
-    assert not _data_checkpoint.supports_symbolic_checkpoint(nodes(dataset))
+    assert not data_position.supports_symbolic_checkpoint(nodes(dataset))
     with pytest.raises((tf.errors.UnimplementedError, tf.errors.FailedPreconditionError)):
         symbolic_round_trip(dataset, tmp_path)
 
@@ -103,31 +104,31 @@ def test_pipelines_said_not_to_save_symbolically_cannot(name, tmp_path):
 )
 def test_a_fixed_order_is_recognised_conservatively(make, fixed):
     dataset = make()
-    assert _data_checkpoint.reads_in_a_fixed_order(nodes(dataset), dataset.options()) is fixed
+    assert data_position.reads_in_a_fixed_order(nodes(dataset), dataset.options()) is fixed
 
 
 def test_prepare_chooses_the_cheapest_exact_mode_and_keeps_a_saved_one():
     batched = slices().batch(6)
-    mode, dataset = _data_checkpoint.prepare(batched, None)
+    mode, dataset = data_position.prepare(batched, None)
     assert mode == "symbolic" and dataset.options().experimental_symbolic_checkpoint
-    assert _data_checkpoint.prepare(batched.cache(), None)[0] == "position"
-    assert _data_checkpoint.prepare(slices().shuffle(60).batch(6).cache(), None)[0] == "full"
+    assert data_position.prepare(batched.cache(), None)[0] == "position"
+    assert data_position.prepare(slices().shuffle(60).batch(6).cache(), None)[0] == "full"
     # A resumed run reads its iterator the way its checkpoint saved it.
-    mode, dataset = _data_checkpoint.prepare(batched, "full")
+    mode, dataset = data_position.prepare(batched, "full")
     assert mode == "full" and not dataset.options().experimental_symbolic_checkpoint
-    assert _data_checkpoint.saved_mode({"data": {"checkpoint": "position"}}) == "position"
-    assert _data_checkpoint.saved_mode({"timing": {}}) == "full"  # written before the modes existed
-    assert _data_checkpoint.saved_mode(None) is None
+    assert data_position.saved_mode({"data": {"checkpoint": "position"}}) == "position"
+    assert data_position.saved_mode({"timing": {}}) == "full"  # written before the modes existed
+    assert data_position.saved_mode(None) is None
 
 
 def test_a_pipeline_whose_buffers_are_saved_says_so_once_and_why():
     with pytest.warns(
         UserWarning, match=r"cannot checkpoint symbolically \(CacheDatasetV2\).*ShuffleDataset"
     ):
-        assert _data_checkpoint.prepare(slices().shuffle(60).batch(6).cache(), None)[0] == "full"
+        assert data_position.prepare(slices().shuffle(60).batch(6).cache(), None)[0] == "full"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the cheap modes, a resumed run and a generator say nothing here
-        _data_checkpoint.prepare(slices().batch(6), None)
-        _data_checkpoint.prepare(slices().batch(6).cache(), None)
-        _data_checkpoint.prepare(slices().shuffle(60).batch(6).cache(), "full")
-        _data_checkpoint.prepare(UNSUPPORTED["generator"](), None)
+        data_position.prepare(slices().batch(6), None)
+        data_position.prepare(slices().batch(6).cache(), None)
+        data_position.prepare(slices().shuffle(60).batch(6).cache(), "full")
+        data_position.prepare(UNSUPPORTED["generator"](), None)

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tftrain import _shapes, _tfds_loading, data
+from tftrain import data
+from tftrain.data import shapes, tfds_loading
 
 TFDS_NAMES = ["cifar10", "cifar100", "stl10", "fashion_mnist", "mnist", "imagenet2012"]
 CHANNELS = {"mnist": 1, "fashion_mnist": 1}
@@ -199,7 +200,7 @@ def test_default_data_dir_is_named(monkeypatch, tmp_path):
 
 def test_failed_download_is_one_clear_line(monkeypatch, tmp_path):
     # The servers answer, but the download fails inside tensorflow-datasets.
-    monkeypatch.setattr(_tfds_loading, "_connection_problem", lambda urls, timeout: None)
+    monkeypatch.setattr(tfds_loading, "_connection_problem", lambda urls, timeout: None)
 
     def fail(self, **kwargs):
         raise ConnectionError("Max retries exceeded with url: /cifar.tar.gz\n  deep tfds internals\n  more")
@@ -280,7 +281,7 @@ def test_info_for_generated_datasets(image_size):
     size = image_size or 32
     shapes_info = data.info("shapes", image_size=image_size)
     assert shapes_info == data.DatasetInfo(
-        "shapes", len(_shapes.CLASS_NAMES), (size, size, 3), {"train": 10_000, "test": 2_000}
+        "shapes", len(shapes.CLASS_NAMES), (size, size, 3), {"train": 10_000, "test": 2_000}
     )
     synthetic_info = data.info("synthetic", image_size=image_size)
     assert synthetic_info == data.DatasetInfo(
@@ -297,7 +298,7 @@ def test_info_for_generated_datasets(image_size):
 
 def test_load_shapes_is_the_generated_set():
     dataset = data.load("shapes", "test", image_size=16, num_examples=10)
-    images, labels = _shapes.generate("test", 10, image_size=16)
+    images, labels = shapes.generate("test", 10, image_size=16)
     examples = as_numpy(dataset)
     np.testing.assert_array_equal(np.stack([image for image, _ in examples]), images)
     assert [label for _, label in examples] == labels.tolist()

@@ -16,8 +16,8 @@ from helpers import compile_args, make_mlp, read_run
 
 import tftrain
 from tftrain import evaluation
-from tftrain._writer_lock import WriterLock
 from tftrain.checkpoint import IncompatibleCheckpointError, restore_model
+from tftrain.checkpoint.writer_lock import WriterLock
 
 JOB = os.path.join(os.path.dirname(__file__), "jobs", "resume_job.py")
 STEPS = [2, 4, 6, 8]  # the finished run: 2 epochs of 4 steps, a checkpoint every 2 steps

@@ -1,4 +1,4 @@
-"""Tests for `tftrain._inputs`: `adapt` (Keras's adapters), `split_validation`, `EpochPlan`."""
+"""Tests for `tftrain.data.inputs`: `adapt` (Keras's adapters), `split_validation`, `EpochPlan`."""
 
 import types
 import warnings
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain import _inputs
+from tftrain.data import inputs
 
 
 def batch_sizes(dataset):
@@ -20,7 +20,7 @@ def values(iterator, count):
 
 
 def plan_of(dataset, steps=None, argument="x", steps_argument="steps_per_epoch", make_iterator=iter):
-    data = _inputs.AdaptedInput(
+    data = inputs.AdaptedInput(
         dataset=dataset,
         adapter=None,
         kind="dataset",
@@ -28,7 +28,7 @@ def plan_of(dataset, steps=None, argument="x", steps_argument="steps_per_epoch",
         argument=argument,
         steps_argument=steps_argument,
     )
-    return _inputs.EpochPlan(data, make_iterator=make_iterator)
+    return inputs.EpochPlan(data, make_iterator=make_iterator)
 
 
 # -------------------------------------------------------------------------- adapt
@@ -36,21 +36,21 @@ def plan_of(dataset, steps=None, argument="x", steps_argument="steps_per_epoch",
 
 def test_dataset_passes_through():
     dataset = tf.data.Dataset.range(5).batch(2)
-    adapted = _inputs.adapt(dataset)
+    adapted = inputs.adapt(dataset)
     assert adapted.dataset is dataset and adapted.kind == "dataset"
 
 
 def test_batch_size_with_a_dataset_warns_and_is_ignored():
     dataset = tf.data.Dataset.range(5).batch(2)
     with pytest.warns(UserWarning, match="batch_size=4. is ignored"):
-        adapted = _inputs.adapt(dataset, batch_size=4)
+        adapted = inputs.adapt(dataset, batch_size=4)
     assert batch_sizes(adapted.dataset) == [2, 2, 1]
 
 
 def test_arrays_are_batched_by_32_by_default_in_order():
     x = np.arange(70, dtype="float32").reshape(70, 1)
     y = np.arange(70, dtype="int32")
-    dataset = _inputs.adapt(x, y).dataset
+    dataset = inputs.adapt(x, y).dataset
     assert batch_sizes(dataset) == [32, 32, 6]
     xs, ys = zip(*[(bx.numpy(), by.numpy()) for bx, by in dataset], strict=True)
     np.testing.assert_array_equal(np.concatenate(xs), x)
@@ -59,7 +59,7 @@ def test_arrays_are_batched_by_32_by_default_in_order():
 
 def test_steps_without_batch_size_sets_the_batch_size_as_keras_does():
     x = np.zeros((10, 3), "float32")
-    assert batch_sizes(_inputs.adapt(x, np.zeros(10), steps=2).dataset) == [5, 5]
+    assert batch_sizes(inputs.adapt(x, np.zeros(10), steps=2).dataset) == [5, 5]
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_steps_without_batch_size_sets_the_batch_size_as_keras_does():
 def test_array_structures_keras_takes(make):
     x = np.arange(5, dtype="float32").reshape(5, 1)
     y = np.arange(5, dtype="int32")
-    adapted = _inputs.adapt(**make(x, y), batch_size=2)
+    adapted = inputs.adapt(**make(x, y), batch_size=2)
     assert adapted.kind == "arrays"
     assert len(list(adapted.dataset)) == 3
 
@@ -85,7 +85,7 @@ def test_array_structures_keras_takes(make):
 def test_class_weight_becomes_sample_weight():
     x = np.zeros((4, 1), "float32")
     y = np.array([0, 1, 1, 2])
-    (_, _, weights) = next(iter(_inputs.adapt(x, y, batch_size=4, class_weight={1: 5.0}).dataset))
+    (_, _, weights) = next(iter(inputs.adapt(x, y, batch_size=4, class_weight={1: 5.0}).dataset))
     assert weights.numpy().tolist() == [1.0, 5.0, 5.0, 1.0]
 
 
@@ -104,7 +104,7 @@ class Batches(keras.utils.PyDataset):
 
 
 def test_py_dataset_and_generator_inputs():
-    adapted = _inputs.adapt(Batches())
+    adapted = inputs.adapt(Batches())
     assert adapted.kind == "py_dataset"
     assert [int(x[0, 0]) for x, _ in adapted.dataset] == [0, 1, 2]
 
@@ -112,7 +112,7 @@ def test_py_dataset_and_generator_inputs():
         for index in range(3):
             yield np.full((2, 1), index, "float32"), np.zeros(2, "float32")
 
-    generated = _inputs.adapt(generate())
+    generated = inputs.adapt(generate())
     assert generated.kind == "generator"
     assert isinstance(generate(), types.GeneratorType)
     assert [int(x[0, 0]) for x, _ in generated.dataset] == [0, 1, 2]
@@ -120,13 +120,13 @@ def test_py_dataset_and_generator_inputs():
 
 def test_py_dataset_whose_getitem_raises_names_the_index():
     with pytest.raises(ValueError, match=r"Batches.__getitem__\(1\)` raised KeyError"):
-        _inputs.adapt(Batches(fail_at=1))
+        inputs.adapt(Batches(fail_at=1))
 
 
 def test_unbatched_dataset_says_batch_it():
     dataset = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), "float32"), np.zeros(4)))
     with pytest.raises(ValueError, match=r"single examples.*dataset.batch"):
-        _inputs.adapt(dataset)
+        inputs.adapt(dataset)
 
 
 @pytest.mark.parametrize(
@@ -144,35 +144,35 @@ def test_unbatched_dataset_says_batch_it():
 )
 def test_what_keras_rejects_is_rejected(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
-        _inputs.adapt(**kwargs)
+        inputs.adapt(**kwargs)
 
 
 @pytest.mark.parametrize("value", ["abc", 3, object()], ids=["string", "int", "object"])
 def test_unsupported_data_is_a_type_error(value):
     with pytest.raises(TypeError, match="`validation_data`.*Expected NumPy arrays"):
-        _inputs.adapt(value, argument="validation_data")
+        inputs.adapt(value, argument="validation_data")
 
 
 def test_none_is_a_type_error():
     with pytest.raises(TypeError, match="x=None"):
-        _inputs.adapt(None)
+        inputs.adapt(None)
 
 
 @pytest.mark.parametrize("batch_size", [0, -1, True, 2.0])
 def test_bad_batch_size(batch_size):
     with pytest.raises(ValueError, match="`batch_size`"):
-        _inputs.adapt(np.zeros((4, 1)), batch_size=batch_size)
+        inputs.adapt(np.zeros((4, 1)), batch_size=batch_size)
 
 
 @pytest.mark.parametrize("steps", [0, -1, True, 2.5])
 def test_bad_steps(steps):
     with pytest.raises(ValueError, match="`steps_per_epoch`"):
-        _inputs.adapt(tf.data.Dataset.range(10).batch(2), steps=steps)
+        inputs.adapt(tf.data.Dataset.range(10).batch(2), steps=steps)
 
 
 def test_shuffle_permutes_and_keeps_pairs():
     x = np.arange(64, dtype="int64")
-    dataset = _inputs.adapt(x, x * 10, batch_size=64, shuffle=True).dataset
+    dataset = inputs.adapt(x, x * 10, batch_size=64, shuffle=True).dataset
     passes = []
     for _ in range(3):
         (bx, by) = next(iter(dataset))
@@ -188,30 +188,30 @@ def test_keras_config_step_limit(monkeypatch):
     keras.config.set_max_steps_per_epoch(2)
     try:
         with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 2"):
-            assert _inputs.adapt(tf.data.Dataset.range(10).batch(2)).steps == 2
+            assert inputs.adapt(tf.data.Dataset.range(10).batch(2)).steps == 2
     finally:
         keras.config.set_max_steps_per_epoch(None)
 
 
 def test_split_validation_takes_the_last_examples():
     x = np.arange(10, dtype="float32")
-    (train_x, train_y, _), (val_x, val_y, _) = _inputs.split_validation(x, x * 2, None, 0.2)
+    (train_x, train_y, _), (val_x, val_y, _) = inputs.split_validation(x, x * 2, None, 0.2)
     assert train_x.tolist() == list(range(8)) and val_x.tolist() == [8.0, 9.0]
     assert val_y.tolist() == [16.0, 18.0]
     with pytest.raises(ValueError, match="validation_split=0.2 with `x` a .*Dataset"):
-        _inputs.split_validation(tf.data.Dataset.range(3).batch(1), None, None, 0.2)
+        inputs.split_validation(tf.data.Dataset.range(3).batch(1), None, None, 0.2)
 
 
 def test_optionals_become_none():
     batch = (tf.constant([1.0]), tf.experimental.Optional.empty(None))
-    converted = _inputs.optionals_to_none(batch)
+    converted = inputs.optionals_to_none(batch)
     assert converted[1] is None and converted[0] is batch[0]
 
 
 def test_examples_in_batch_for_dense_ragged_sparse():
-    assert int(_inputs.examples_in_batch((tf.zeros((3, 2)),))) == 3
-    assert int(_inputs.examples_in_batch(tf.ragged.constant([[1], [1, 2]]))) == 2
-    assert int(_inputs.examples_in_batch(tf.sparse.from_dense(tf.zeros((4, 2))))) == 4
+    assert int(inputs.examples_in_batch((tf.zeros((3, 2)),))) == 3
+    assert int(inputs.examples_in_batch(tf.ragged.constant([[1], [1, 2]]))) == 2
+    assert int(inputs.examples_in_batch(tf.sparse.from_dense(tf.zeros((4, 2))))) == 4
 
 
 # ---------------------------------------------------------------------- EpochPlan
@@ -354,4 +354,4 @@ def test_an_already_distributed_dataset_is_refused_with_the_fix():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     distributed = strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
     with pytest.raises(TypeError, match="Expected the tf.data.Dataset itself"):
-        _inputs.adapt(distributed)
+        inputs.adapt(distributed)

@@ -1,4 +1,4 @@
-"""Tests for `tftrain._loops`: engine options and the step loops of every engine."""
+"""Tests for `tftrain.engine.step_loop`: engine options and the step loops of every engine."""
 
 import dataclasses
 import gc
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain import _loops
+from tftrain import options
+from tftrain.engine import step_loop
 
 # Engines as `EngineOptions` keyword arguments.
 LOOP_ENGINES = {
@@ -44,7 +45,7 @@ class Counter:
 
 @pytest.fixture(params=sorted(LOOP_ENGINES), ids=sorted(LOOP_ENGINES))
 def loop_options(request):
-    return _loops.EngineOptions(**LOOP_ENGINES[request.param])
+    return options.EngineOptions(**LOOP_ENGINES[request.param])
 
 
 # ------------------------------------------------------------------ EngineOptions
@@ -53,22 +54,22 @@ def loop_options(request):
 @pytest.mark.parametrize("steps", [0, -1, 1.5, True, "3", None, "AUTO"])
 def test_steps_per_loop_must_be_a_positive_int_or_auto(steps):
     with pytest.raises(ValueError, match="steps_per_loop") as info:
-        _loops.EngineOptions(steps_per_loop=steps)
+        options.EngineOptions(steps_per_loop=steps)
     assert repr(steps) in str(info.value)
     assert '"auto"' in str(info.value)
 
 
 def test_auto_steps_per_loop_runs_the_graph_loop_and_is_one_step_eagerly():
-    auto = _loops.EngineOptions(steps_per_loop="auto")
+    auto = options.EngineOptions(steps_per_loop="auto")
     assert auto.auto and auto.in_graph_loop and auto.name == "graph+auto"
-    assert _loops.EngineOptions(jit_compile=True, steps_per_loop="auto").name == "xla+auto"
-    eager = _loops.EngineOptions(use_tf_function=False, steps_per_loop="auto")
+    assert options.EngineOptions(jit_compile=True, steps_per_loop="auto").name == "xla+auto"
+    eager = options.EngineOptions(use_tf_function=False, steps_per_loop="auto")
     assert not eager.auto and not eager.in_graph_loop and eager.fixed_steps == 1 and eager.name == "eager"
 
 
 def test_jit_compile_needs_tf_function():
     with pytest.raises(ValueError, match="jit_compile=True") as info:
-        _loops.EngineOptions(use_tf_function=False, jit_compile=True)
+        options.EngineOptions(use_tf_function=False, jit_compile=True)
     assert "use_tf_function" in str(info.value)
 
 
@@ -76,14 +77,18 @@ def test_jit_compile_needs_tf_function():
 @pytest.mark.parametrize("value", [1, 0, "yes", None, np.bool_(True)])
 def test_bool_options_must_be_bool(name, value):
     with pytest.raises(TypeError, match=f"`{name}`"):
-        _loops.EngineOptions(**{name: value})
+        options.EngineOptions(**{name: value})
 
 
 def test_valid_options_are_kept_and_frozen():
-    options = _loops.EngineOptions(use_tf_function=True, jit_compile=True, steps_per_loop=7)
-    assert (options.use_tf_function, options.jit_compile, options.steps_per_loop) == (True, True, 7)
+    engine_options = options.EngineOptions(use_tf_function=True, jit_compile=True, steps_per_loop=7)
+    assert (engine_options.use_tf_function, engine_options.jit_compile, engine_options.steps_per_loop) == (
+        True,
+        True,
+        7,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
-        options.steps_per_loop = 2
+        engine_options.steps_per_loop = 2
 
 
 @pytest.mark.parametrize(
@@ -99,14 +104,14 @@ def test_valid_options_are_kept_and_frozen():
     ],
 )
 def test_engine_names(kwargs, name):
-    assert _loops.EngineOptions(**kwargs).name == name
+    assert options.EngineOptions(**kwargs).name == name
 
 
 # ---------------------------------------------------------------------- make_loop
 
 
 def test_loop_kind_per_engine(loop_options):
-    loop = _loops.make_loop(Counter(), loop_options)
+    loop = step_loop.make_loop(Counter(), loop_options)
     assert loop.in_graph == (loop_options.use_tf_function and loop_options.steps_per_loop > 1)
     assert isinstance(loop.step, tf.types.experimental.PolymorphicFunction) == loop_options.use_tf_function
 
@@ -114,7 +119,7 @@ def test_loop_kind_per_engine(loop_options):
 def test_partial_final_loop_and_partial_last_batch(loop_options):
     """7 batches, 3 steps per call: the calls run 3, 3, 1, then 0 steps."""
     counter = Counter()
-    loop = _loops.make_loop(counter, loop_options)
+    loop = step_loop.make_loop(counter, loop_options)
     iterator = iter(make_dataset())
     assert loop(iterator, 0)[:3] == (0, 0, None)  # zero steps pull nothing
     expected = [(3, 9, 0), (3, 9, 3), (1, 2, 6)]  # (steps, examples, index of the first batch)
@@ -140,7 +145,7 @@ def test_partial_final_loop_and_partial_last_batch(loop_options):
 def test_loop_does_not_pull_a_batch_it_does_not_train_on(loop_options):
     """After a call of 2 steps the next call starts at the third batch."""
     counter = Counter()
-    loop = _loops.make_loop(counter, loop_options)
+    loop = step_loop.make_loop(counter, loop_options)
     iterator = iter(make_dataset())
     ran, examples, logs, _ = loop(iterator, 2)
     assert (ran, examples, float(logs["first"])) == (2, 6, BATCHES[1][0])
@@ -154,7 +159,7 @@ def test_loop_does_not_pull_a_batch_it_does_not_train_on(loop_options):
 
 
 def test_in_graph_loop_traces_once_for_any_num_steps():
-    loop = _loops.make_loop(Counter(), _loops.EngineOptions(steps_per_loop=3))
+    loop = step_loop.make_loop(Counter(), options.EngineOptions(steps_per_loop=3))
     for _ in range(3):  # three passes over the data, calls of 3, 3, 1 and 0 steps
         iterator = iter(make_dataset())
         assert [loop(iterator, 3)[0] for _ in range(4)] == [3, 3, 1, 0]
@@ -167,7 +172,7 @@ def test_in_graph_loop_traces_once_for_any_num_steps():
 
 def test_graph_step_traces_at_most_twice_with_a_partial_batch():
     """One trace for the full batches, one relaxed retrace for the partial one."""
-    loop = _loops.make_loop(Counter(), _loops.EngineOptions())
+    loop = step_loop.make_loop(Counter(), options.EngineOptions())
     for _ in range(3):
         loop(iter(make_dataset()), 100)
     assert 1 <= loop.trace_counter.count <= 2
@@ -175,15 +180,15 @@ def test_graph_step_traces_at_most_twice_with_a_partial_batch():
 
 @pytest.mark.parametrize("steps_per_loop", [1, 3])
 def test_eager_engine_never_traces(steps_per_loop):
-    loop = _loops.make_loop(
-        Counter(), _loops.EngineOptions(use_tf_function=False, steps_per_loop=steps_per_loop)
+    loop = step_loop.make_loop(
+        Counter(), options.EngineOptions(use_tf_function=False, steps_per_loop=steps_per_loop)
     )
     assert loop(iter(make_dataset()), 100)[0] == len(BATCHES)
     assert loop.trace_counter.count == 0
 
 
 def test_trace_counter_is_named_after_the_step():
-    loop = _loops.make_loop(Counter(), _loops.EngineOptions(), name="eval_step")
+    loop = step_loop.make_loop(Counter(), options.EngineOptions(), name="eval_step")
     assert loop.trace_counter.name == "eval_step"
 
 
@@ -199,7 +204,7 @@ def test_structured_batches_count_examples_of_the_first_tensor(loop_options):
         total.assign_add(tf.reduce_sum(labels))
         return {"rows": tf.shape(features["x"])[0]}
 
-    loop = _loops.make_loop(step, loop_options)
+    loop = step_loop.make_loop(step, loop_options)
     assert loop(iter(dataset), 10)[:2] == (3, 5)
     assert int(total.numpy()) == 10
 
@@ -208,7 +213,7 @@ def test_explicit_strategy_runs_the_step():
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         counter = Counter()
-    loop = _loops.make_loop(counter, _loops.EngineOptions(steps_per_loop=2), strategy)
+    loop = step_loop.make_loop(counter, options.EngineOptions(steps_per_loop=2), strategy)
     dataset = strategy.experimental_distribute_dataset(make_dataset())
     ran, _, logs, _ = loop(iter(dataset), 100)
     assert ran == len(BATCHES)
@@ -222,7 +227,7 @@ def test_explicit_strategy_runs_the_step():
 def test_one_step_calls_run_the_single_step_traced_once(engine):
     """`dispatch(..., available=True)` at one step per call: the single step (XLA: on a batch read in Python)."""
     counter = Counter()
-    loop = _loops.make_loop(counter, _loops.EngineOptions(**LOOP_ENGINES[engine]))
+    loop = step_loop.make_loop(counter, options.EngineOptions(**LOOP_ENGINES[engine]))
     iterator = iter(make_dataset())
     seen = 0.0
     for index, batch in enumerate(BATCHES):
@@ -242,7 +247,7 @@ def test_one_step_calls_run_the_single_step_traced_once(engine):
 @pytest.mark.parametrize("engine", ["graph", "xla"])
 def test_one_step_call_trains_on_the_peeked_batch_and_fetches_no_other(engine):
     counter = Counter()
-    loop = _loops.make_loop(counter, _loops.EngineOptions(**LOOP_ENGINES[engine]))
+    loop = step_loop.make_loop(counter, options.EngineOptions(**LOOP_ENGINES[engine]))
     iterator = iter(make_dataset())
     first = loop.peek(iterator)
     ran, examples, logs, _ = loop.dispatch(iterator, 1, first).result()
@@ -256,19 +261,19 @@ def test_one_step_call_flags_a_non_finite_loss_in_the_graph(engine):
     def step(batch):
         return {"loss": tf.math.log(tf.reduce_min(batch)), "other": tf.constant(float("nan"))}
 
-    loop = _loops.make_loop(step, _loops.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True)
+    loop = step_loop.make_loop(step, options.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True)
     iterator = iter(make_dataset())  # the first batch holds 0: log(0) = -inf
     assert loop.dispatch(iterator, 1, available=True).result().nonfinite
     assert not loop.dispatch(iterator, 1, available=True).result().nonfinite  # "other" is not a loss
-    unguarded = _loops.make_loop(step, _loops.EngineOptions())
+    unguarded = step_loop.make_loop(step, options.EngineOptions())
     assert not unguarded.dispatch(iter(make_dataset()), 1, available=True).result().nonfinite
 
 
 def test_one_step_calls_keep_the_host_loop_where_the_graph_cannot_read_the_batch():
     """Eager steps, unannounced data, unbatched scalars and distributed iterators fetch in Python."""
-    eager = _loops.make_loop(Counter(), _loops.EngineOptions(use_tf_function=False))
+    eager = step_loop.make_loop(Counter(), options.EngineOptions(use_tf_function=False))
     assert eager._single_step is None
-    graph = _loops.make_loop(Counter(), _loops.EngineOptions())
+    graph = step_loop.make_loop(Counter(), options.EngineOptions())
     assert graph.dispatch(iter(make_dataset()), 1).result()[:2] == (1, BATCH)  # not `available`
     assert not graph._single_step_suits(iter(tf.data.Dataset.range(3)))  # scalars: no rows to count
     assert graph._single_step_suits(iter(make_dataset()))
@@ -280,7 +285,7 @@ def test_one_step_calls_keep_the_host_loop_where_the_graph_cannot_read_the_batch
 @pytest.mark.parametrize("engine", ["graph", "xla", "graph_loop3"])
 def test_a_loop_does_not_keep_a_finished_iterator_alive(engine):
     """The concrete functions are kept per iterator, which they hold weakly (its buffers can go)."""
-    loop = _loops.make_loop(Counter(), _loops.EngineOptions(**LOOP_ENGINES[engine]))
+    loop = step_loop.make_loop(Counter(), options.EngineOptions(**LOOP_ENGINES[engine]))
     iterator = iter(make_dataset())
     assert loop.dispatch(iterator, 1, available=True).result()[0] == 1
     assert loop._concrete_calls  # the call went through a cached concrete function

@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
-from tftrain._checkpoint_services import CheckpointService, SignalRecorder
-from tftrain._multiworker_preemption import multiworker_preemption
+from tftrain.services.checkpointing import CheckpointService
+from tftrain.services.preemption import SignalRecorder
+from tftrain.services.multiworker_preemption import multiworker_preemption
 
 
 def test_signal_recorder_records_and_restores_the_previous_handlers():

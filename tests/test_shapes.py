@@ -1,13 +1,13 @@
-"""Tests for `tftrain._shapes`: the generated "shapes" and "synthetic" datasets."""
+"""Tests for `tftrain.data.shapes`: the generated "shapes" and "synthetic" datasets."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain import _shapes
+from tftrain.data import shapes
 
-NUM_CLASSES = len(_shapes.CLASS_NAMES)
+NUM_CLASSES = len(shapes.CLASS_NAMES)
 LUMA = np.array([0.299, 0.587, 0.114])
 
 
@@ -19,13 +19,13 @@ def luminance(images):
 
 
 def test_class_names():
-    assert len(_shapes.CLASS_NAMES) >= 6
-    assert len(set(_shapes.CLASS_NAMES)) == len(_shapes.CLASS_NAMES)
-    assert {"circle", "square", "triangle", "cross", "ring"} <= set(_shapes.CLASS_NAMES)
+    assert len(shapes.CLASS_NAMES) >= 6
+    assert len(set(shapes.CLASS_NAMES)) == len(shapes.CLASS_NAMES)
+    assert {"circle", "square", "triangle", "cross", "ring"} <= set(shapes.CLASS_NAMES)
 
 
 def test_dtypes_shapes_and_labels():
-    images, labels = _shapes.generate("train", 40, image_size=24)
+    images, labels = shapes.generate("train", 40, image_size=24)
     assert images.dtype == np.uint8 and images.shape == (40, 24, 24, 3)
     assert labels.dtype == np.int64 and labels.shape == (40,)
     assert labels.min() >= 0 and labels.max() < NUM_CLASSES
@@ -34,22 +34,22 @@ def test_dtypes_shapes_and_labels():
 
 
 def test_deterministic():
-    first = _shapes.generate("test", 50, image_size=20)
-    second = _shapes.generate("test", 50, image_size=20)
+    first = shapes.generate("test", 50, image_size=20)
+    second = shapes.generate("test", 50, image_size=20)
     assert first[0].tobytes() == second[0].tobytes()
     np.testing.assert_array_equal(first[1], second[1])
 
 
 def test_fewer_examples_are_a_prefix_of_more():
-    many_images, many_labels = _shapes.generate("train", 1100)  # crosses a random block boundary
-    few_images, few_labels = _shapes.generate("train", 1030)
+    many_images, many_labels = shapes.generate("train", 1100)  # crosses a random block boundary
+    few_images, few_labels = shapes.generate("train", 1030)
     np.testing.assert_array_equal(few_images, many_images[:1030])
     np.testing.assert_array_equal(few_labels, many_labels[:1030])
 
 
 def test_train_and_test_are_disjoint():
-    train, _ = _shapes.generate("train", 400)
-    test, _ = _shapes.generate("test", 400)
+    train, _ = shapes.generate("train", 400)
+    test, _ = shapes.generate("test", 400)
     train_bytes = {image.tobytes() for image in train}
     assert len(train_bytes) == 400  # no duplicates within a split either
     assert not train_bytes & {image.tobytes() for image in test}
@@ -57,7 +57,7 @@ def test_train_and_test_are_disjoint():
 
 @pytest.mark.parametrize("num_examples", [8 * 50, 803])
 def test_classes_are_balanced(num_examples):
-    _, labels = _shapes.generate("train", num_examples)
+    _, labels = shapes.generate("train", num_examples)
     counts = np.bincount(labels, minlength=NUM_CLASSES)
     assert counts.max() - counts.min() <= 1
     # and not in a fixed cyclic order
@@ -66,7 +66,7 @@ def test_classes_are_balanced(num_examples):
 
 @pytest.mark.parametrize("image_size", [16, 17, 33, 64])
 def test_any_size_draws_a_visible_shape_inside_the_image(image_size):
-    images, labels = _shapes.generate("test", 64, image_size=image_size)
+    images, labels = shapes.generate("test", 64, image_size=image_size)
     assert images.shape == (64, image_size, image_size, 3)
     # Shapes stay inside the image: the corners always show the background.
     corner = luminance(images[:, :1, :1, :])
@@ -78,8 +78,8 @@ def test_any_size_draws_a_visible_shape_inside_the_image(image_size):
 
 
 def test_scale_position_and_colours_vary():
-    images, labels = _shapes.generate("train", 400)
-    circles = images[labels == _shapes.CLASS_NAMES.index("circle")]
+    images, labels = shapes.generate("train", 400)
+    circles = images[labels == shapes.CLASS_NAMES.index("circle")]
     corner = luminance(circles[:, :1, :1, :])
     foreground = np.abs(luminance(circles) - corner) > 40
     areas = foreground.mean(axis=(1, 2))
@@ -91,7 +91,7 @@ def test_scale_position_and_colours_vary():
 
 
 def test_mild_noise():
-    images, _ = _shapes.generate("train", 20)
+    images, _ = shapes.generate("train", 20)
     # Neighbouring background pixels differ a little (noise), not a lot.
     corner = images[:, :4, :4, :].astype(float)
     spread = corner.std(axis=(1, 2)).mean()
@@ -99,8 +99,8 @@ def test_mild_noise():
 
 
 def test_colour_does_not_predict_the_class():
-    train_images, train_labels = _shapes.generate("train", 4000)
-    test_images, test_labels = _shapes.generate("test", 2000)
+    train_images, train_labels = shapes.generate("train", 4000)
+    test_images, test_labels = shapes.generate("test", 2000)
 
     def mean_colour(images):
         return images.reshape(len(images), -1, 3).mean(axis=1)
@@ -121,8 +121,8 @@ class PerImageStandardization(keras.layers.Layer):
 
 
 def test_learnable_by_a_tiny_cnn():
-    train_images, train_labels = _shapes.generate("train", 3200, image_size=16)
-    test_images, test_labels = _shapes.generate("test", 400, image_size=16)
+    train_images, train_labels = shapes.generate("train", 3200, image_size=16)
+    test_images, test_labels = shapes.generate("test", 400, image_size=16)
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
@@ -149,12 +149,12 @@ def test_learnable_by_a_tiny_cnn():
 
 
 def test_shapes_dataset_matches_generate():
-    dataset = _shapes.shapes_dataset("test", image_size=16, num_examples=12)
+    dataset = shapes.shapes_dataset("test", image_size=16, num_examples=12)
     assert dataset.element_spec == (
         tf.TensorSpec((16, 16, 3), tf.uint8),
         tf.TensorSpec((), tf.int64),
     )
-    images, labels = _shapes.generate("test", 12, image_size=16)
+    images, labels = shapes.generate("test", 12, image_size=16)
     got = list(dataset.as_numpy_iterator())
     assert len(got) == 12
     np.testing.assert_array_equal(np.stack([x for x, _ in got]), images)
@@ -162,8 +162,8 @@ def test_shapes_dataset_matches_generate():
 
 
 def test_shapes_dataset_default_sizes():
-    assert _shapes.DEFAULT_NUM_EXAMPLES == {"train": 10_000, "test": 2_000}
-    assert int(_shapes.shapes_dataset("test").cardinality()) == 2_000
+    assert shapes.DEFAULT_NUM_EXAMPLES == {"train": 10_000, "test": 2_000}
+    assert int(shapes.shapes_dataset("test").cardinality()) == 2_000
 
 
 @pytest.mark.parametrize(
@@ -177,14 +177,14 @@ def test_shapes_dataset_default_sizes():
 )
 def test_generate_rejects_bad_arguments(kwargs, argument):
     with pytest.raises(ValueError, match=f"Invalid value for argument `{argument}`"):
-        _shapes.generate(**kwargs)
+        shapes.generate(**kwargs)
 
 
 # --------------------------------------------------------------------- synthetic
 
 
 def test_synthetic_dataset():
-    dataset = _shapes.synthetic_dataset("train", image_size=8, num_examples=300, num_classes=4, channels=1)
+    dataset = shapes.synthetic_dataset("train", image_size=8, num_examples=300, num_classes=4, channels=1)
     assert dataset.element_spec == (tf.TensorSpec((8, 8, 1), tf.uint8), tf.TensorSpec((), tf.int64))
     assert int(dataset.cardinality()) == 300
     images, labels = map(np.stack, zip(*dataset.as_numpy_iterator(), strict=True))
@@ -197,7 +197,7 @@ def test_synthetic_dataset():
 
 def test_synthetic_is_deterministic_per_split():
     def read(split):
-        return list(_shapes.synthetic_dataset(split, image_size=4, num_examples=5).as_numpy_iterator())
+        return list(shapes.synthetic_dataset(split, image_size=4, num_examples=5).as_numpy_iterator())
 
     first, again, test = read("train"), read("train"), read("test")
     for (a, la), (b, lb) in zip(first, again, strict=True):
@@ -207,9 +207,9 @@ def test_synthetic_is_deterministic_per_split():
 
 
 def test_synthetic_default_size_and_errors():
-    assert int(_shapes.synthetic_dataset("test").cardinality()) == 2_000
-    assert _shapes.synthetic_dataset("test").element_spec[0].shape == (32, 32, 3)
+    assert int(shapes.synthetic_dataset("test").cardinality()) == 2_000
+    assert shapes.synthetic_dataset("test").element_spec[0].shape == (32, 32, 3)
     with pytest.raises(ValueError, match="`split`"):
-        _shapes.synthetic_dataset("validation")
+        shapes.synthetic_dataset("validation")
     with pytest.raises(ValueError, match="`num_classes`"):
-        _shapes.synthetic_dataset("train", num_classes=0)
+        shapes.synthetic_dataset("train", num_classes=0)

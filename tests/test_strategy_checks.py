@@ -9,7 +9,8 @@ import tensorflow as tf
 from helpers import make_mlp
 
 import tftrain
-from tftrain import _strategy_checks, distribute
+from tftrain import distribute
+from tftrain.engine import strategy_checks
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def test_an_optimizer_built_outside_the_scope_is_refused(one_device_mirrored):
     optimizer.build(model.trainable_variables)  # outside the scope
     model.compile(optimizer, "mse")
     with pytest.raises(ValueError, match="was not created in the scope"):
-        _strategy_checks.check_model_in_scope(model, one_device_mirrored)
+        strategy_checks.check_model_in_scope(model, one_device_mirrored)
 
 
 def test_a_model_built_in_a_scope_trains_under_that_strategy(one_device_mirrored):
@@ -54,7 +55,7 @@ def test_an_unused_optimizer_made_outside_the_scope_is_recreated_inside(one_devi
     assert trainer.optimizer.get_config() == outside.get_config()
     trainer.fit(np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32"), batch_size=4, verbose=0)
     assert int(trainer.optimizer.iterations.numpy()) == 2
-    _strategy_checks.check_model_in_scope(model, one_device_mirrored)
+    strategy_checks.check_model_in_scope(model, one_device_mirrored)
 
 
 def test_an_optimizer_holding_state_outside_the_scope_is_refused(one_device_mirrored):
@@ -71,8 +72,8 @@ def test_a_model_in_scope_and_an_unbuilt_model_pass(one_device_mirrored):
         model = make_mlp()
         model.compile(keras.optimizers.SGD(0.1), "mse")
         model.optimizer.build(model.trainable_variables)
-    _strategy_checks.check_model_in_scope(model, one_device_mirrored)
-    _strategy_checks.check_model_in_scope(keras.Sequential([keras.layers.Dense(2)]), one_device_mirrored)
+    strategy_checks.check_model_in_scope(model, one_device_mirrored)
+    strategy_checks.check_model_in_scope(keras.Sequential([keras.layers.Dense(2)]), one_device_mirrored)
 
 
 TWO_REPLICAS = types.SimpleNamespace(num_replicas_in_sync=2)
@@ -81,16 +82,16 @@ TWO_REPLICAS = types.SimpleNamespace(num_replicas_in_sync=2)
 def test_an_uneven_static_global_batch_is_refused():
     dataset = tf.data.Dataset.from_tensor_slices(tf.zeros((30, 6))).batch(15, drop_remainder=True)
     with pytest.raises(ValueError, match=r"`train_data`.*batches of 15 examples for 2 replicas.*e\.g\. 14"):
-        _strategy_checks.check_global_batch(dataset.element_spec, TWO_REPLICAS, "train_data")
+        strategy_checks.check_global_batch(dataset.element_spec, TWO_REPLICAS, "train_data")
 
 
 def test_even_or_unknown_batch_sizes_pass():
     even = tf.data.Dataset.from_tensor_slices(tf.zeros((32, 6))).batch(16, drop_remainder=True)
     unknown = tf.data.Dataset.from_tensor_slices(tf.zeros((30, 6))).batch(15)  # a short last batch
     for dataset in (even, unknown):
-        _strategy_checks.check_global_batch(dataset.element_spec, TWO_REPLICAS, "train_data")
+        strategy_checks.check_global_batch(dataset.element_spec, TWO_REPLICAS, "train_data")
     odd = tf.data.Dataset.from_tensor_slices(tf.zeros((30, 6))).batch(15, drop_remainder=True)
-    _strategy_checks.check_global_batch(odd.element_spec, types.SimpleNamespace(num_replicas_in_sync=1), "x")
+    strategy_checks.check_global_batch(odd.element_spec, types.SimpleNamespace(num_replicas_in_sync=1), "x")
 
 
 def test_num_workers_of_local_strategies(one_device_mirrored):

@@ -11,7 +11,7 @@ import tensorflow as tf
 from helpers import compile_args, make_mlp, read_run
 
 import tftrain
-from tftrain import summaries
+from tftrain import options, summaries
 
 STEPS_PER_EPOCH = 4  # 16 examples in batches of 4
 
@@ -150,14 +150,14 @@ def test_due_crosses_every_n_step_marks():
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "2"])
 def test_check_every_steps_rejects_bad_values(value):
     with pytest.raises(ValueError, match="summary_every_steps"):
-        summaries.check_every_steps(value, "summary_every_steps")
+        options.check_every_steps(value, "summary_every_steps")
     with pytest.raises(ValueError, match="summary_every_steps"):
         summaries.TrainingSummaries("unused", every_steps=value)
 
 
 @pytest.mark.parametrize("value", [None, 1, 7])
 def test_check_every_steps_accepts_none_and_positive_integers(value):
-    summaries.check_every_steps(value, "checkpoint_every_steps")
+    options.check_every_steps(value, "checkpoint_every_steps")
 
 
 # ----------------------------------------------------------- profile window
@@ -166,21 +166,21 @@ def test_check_every_steps_accepts_none_and_positive_integers(value):
 @pytest.mark.parametrize("window", [(0, 3), (5, 2), (1,), (1, 2, 3), "x", "12", 3, (1.5, 2), (True, 2)])
 def test_check_profile_steps_rejects_bad_windows(window):
     with pytest.raises(ValueError, match="profile_steps"):
-        summaries.check_profile_steps(window)
+        options.check_profile_steps(window)
 
 
 def test_check_profile_steps_accepts_good_windows():
-    assert summaries.check_profile_steps(None) is None
-    assert summaries.check_profile_steps(None, total_steps=3) is None
-    assert summaries.check_profile_steps((2, 3)) == (2, 3)
-    assert summaries.check_profile_steps([1, 1], total_steps=1) == (1, 1)
-    assert summaries.check_profile_steps((np.int64(2), 4), total_steps=4) == (2, 4)
-    assert summaries.check_profile_steps((2, 100)) == (2, 100)  # total unknown
+    assert options.check_profile_steps(None) is None
+    assert options.check_profile_steps(None, total_steps=3) is None
+    assert options.check_profile_steps((2, 3)) == (2, 3)
+    assert options.check_profile_steps([1, 1], total_steps=1) == (1, 1)
+    assert options.check_profile_steps((np.int64(2), 4), total_steps=4) == (2, 4)
+    assert options.check_profile_steps((2, 100)) == (2, 100)  # total unknown
 
 
 def test_check_profile_steps_rejects_a_window_past_the_run():
     with pytest.raises(ValueError, match=r"profile_steps.*only 4 steps"):
-        summaries.check_profile_steps((2, 5), total_steps=4)
+        options.check_profile_steps((2, 5), total_steps=4)
 
 
 def test_trainer_checks_profile_steps(tmp_path):

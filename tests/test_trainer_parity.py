@@ -20,7 +20,7 @@ from parity import (
 )
 
 import tftrain
-from tftrain import _keras_compat
+from tftrain.compat import keras_internals
 
 ENGINE_NAMES = ["eager", "graph", "xla", "loop3", "xla_loop3"]
 
@@ -502,7 +502,7 @@ def test_own_test_step_with_compiled_metrics_evaluates_like_keras():
         isinstance(v, float) for v in trainer_dict.values()
     )
     # Keras 3.7 returned the nested `compile_metrics` dict unflattened; flatten it as Keras now does.
-    keras_flat = _keras_compat.pythonify_logs(keras_dict)
+    keras_flat = keras_internals.pythonify_logs(keras_dict)
     assert trainer_dict == pytest.approx(keras_flat)
     assert trainer_list == pytest.approx([keras_flat["loss"], keras_flat["mae"]])
     if isinstance(keras_list, list) and all(isinstance(value, float) for value in keras_list):

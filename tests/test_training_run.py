@@ -13,8 +13,9 @@ import tensorflow as tf
 from helpers import make_mlp, read_run
 
 import tftrain
-from tftrain import _loops
-from tftrain._training_run import NonFiniteLossError
+from tftrain import options
+from tftrain.engine import step_loop
+from tftrain.errors import NonFiniteLossError
 
 BATCH_SIZE = 4
 STEPS_PER_EPOCH = 8
@@ -152,9 +153,9 @@ def values_dataset():
 loop_engines = pytest.mark.parametrize(
     "options",
     [
-        _loops.EngineOptions(steps_per_loop=3),  # in-graph k-step loop
-        _loops.EngineOptions(),  # host loop over a tf.function step
-        _loops.EngineOptions(use_tf_function=False),  # host loop, eager
+        options.EngineOptions(steps_per_loop=3),  # in-graph k-step loop
+        options.EngineOptions(),  # host loop over a tf.function step
+        options.EngineOptions(use_tf_function=False),  # host loop, eager
     ],
     ids=lambda options: options.name,
 )
@@ -162,7 +163,7 @@ loop_engines = pytest.mark.parametrize(
 
 @loop_engines
 def test_loop_stops_right_after_a_nonfinite_loss(options):
-    loop = _loops.make_loop(loss_of_batch, options, stop_on_nonfinite=True)
+    loop = step_loop.make_loop(loss_of_batch, options, stop_on_nonfinite=True)
     iterator = iter(values_dataset())
     results = [loop(iterator, 3) for _ in range(4)]
     assert [result.steps for result in results] == [3, 1, 3, 2]
@@ -173,7 +174,7 @@ def test_loop_stops_right_after_a_nonfinite_loss(options):
 
 @loop_engines
 def test_loop_without_the_guard_runs_every_step(options):
-    loop = _loops.make_loop(loss_of_batch, options)
+    loop = step_loop.make_loop(loss_of_batch, options)
     iterator = iter(values_dataset())
     results = [loop(iterator, 3) for _ in range(4)]
     assert [result.steps for result in results] == [3, 3, 3, 0]
@@ -218,7 +219,7 @@ def test_resume_into_an_unbuilt_model_is_a_clear_error(tmp_path):
 
 
 def test_options_touch_no_directory_until_a_run_starts(tmp_path):
-    from tftrain._run_options import RunOptions
+    from tftrain.options import RunOptions
 
     model_dir = tmp_path / "not" / "yet"
     options = RunOptions(model_dir=str(model_dir), checkpoint_every_steps=2)

@@ -14,7 +14,7 @@ from helpers import make_mlp
 
 import tftrain
 from tftrain import checkpoint as checkpoint_lib
-from tftrain._writer_lock import LOCK_NAME, WriterLock, _process_start
+from tftrain.checkpoint.writer_lock import LOCK_NAME, WriterLock, _process_start
 
 
 def data():

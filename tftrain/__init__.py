@@ -14,14 +14,15 @@ _LAZY_NAMES = {
     "Trainer": ("tftrain.trainer", "Trainer"),
     "CustomModel": ("tftrain.model", "CustomModel"),
     "TimingReport": ("tftrain.timing", "TimingReport"),
-    "NonFiniteLossError": ("tftrain._training_run", "NonFiniteLossError"),
-    "PreemptedError": ("tftrain._training_run", "PreemptedError"),
+    "NonFiniteLossError": ("tftrain.errors", "NonFiniteLossError"),
+    "PreemptedError": ("tftrain.errors", "PreemptedError"),
 }
 _SUBMODULES = {
     "callbacks",
     "checkpoint",
     "data",
     "distribute",
+    "errors",
     "evaluation",
     "model",
     "precision",

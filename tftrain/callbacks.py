@@ -17,33 +17,47 @@ import os
 
 import keras
 
-from tftrain import _keras_compat, _loops, _run_setup, _services, summaries
 from tftrain import checkpoint as checkpoint_lib
-from tftrain._validation import check_int
+from tftrain import options, summaries
+from tftrain.compat import keras_internals
+from tftrain.engine import step_loop
+from tftrain.loops import run_setup
+from tftrain.options import check_int
+from tftrain.services.profiler import ProfilerService
+from tftrain.services.protocol import Service
+from tftrain.services.tensorboard import SummaryService
 from tftrain.timing import Timing
 
 __all__ = ["CheckpointAndResume", "ServicesCallback", "TensorBoardSummaries", "Timing", "standard_callbacks"]
 
 
 class ServicesCallback(keras.callbacks.Callback):
-    """Drives the Trainer's services (`tftrain._services`) from `keras.Model.fit`'s hooks.
+    """Drives services (`tftrain.services.Service`) from `keras.Model.fit`'s hooks.
 
     The thin adapter between Keras's callback protocol and the services'
-    protocol: it keeps the global step from the epoch and batch indices, and
-    turns each `on_train_batch_end` into the services' `after_call` for the
-    steps since the last one. `model.fit` decides its host calls itself, so
-    the services' boundaries (`next_stop`) cannot cut them here.
-    Subclasses build their services in `make_services`.
+    protocol: it is the services' `RunState`, keeps the global step from the
+    epoch and batch indices, and turns each `on_train_batch_end` into the
+    services' `results_read` and `after_call` for the steps since the last
+    one. `model.fit` decides its host calls itself, so the services'
+    boundaries (`next_stop`) cannot cut them here. Subclasses build their
+    services in `make_services`.
+
+    Attributes:
+        progress: Where the run is (the `RunState`'s progress).
+        epoch_steps: Steps in the current epoch, if `fit` knows them.
+        total_steps: Always None (`model.fit` has no step budget).
     """
+
+    total_steps = None
 
     def __init__(self):
         super().__init__()
-        self.services: list[_services.Service] = []
+        self.services: list[Service] = []
         self.progress = checkpoint_lib.Progress()
         self._epoch_start = 0
         self.epoch_steps: int | None = None
 
-    def make_services(self) -> list[_services.Service]:
+    def make_services(self) -> list[Service]:
         """The services to drive, built when training begins."""
         return []
 
@@ -52,7 +66,20 @@ class ServicesCallback(keras.callbacks.Callback):
         return None
 
     def service_states(self) -> dict:
+        """No checkpoints of their own: nothing saves the services' states."""
         return {}
+
+    def settle(self) -> None:
+        """Nothing to read: `model.fit` hands every batch's logs to the hooks."""
+
+    def data_position(self) -> tuple[None, int]:
+        """`model.fit`'s iterator is not reachable from a callback."""
+        return None, self.progress.step_in_epoch
+
+    def report_validation(self, logs: dict) -> None:
+        """Tells every service of a validation taken at the current step."""
+        for service in self.services:
+            service.validated(self, logs)
 
     def on_train_begin(self, logs=None):
         self.services = self.make_services()
@@ -76,7 +103,9 @@ class ServicesCallback(keras.callbacks.Callback):
         before = self.progress.global_step
         self.progress.global_step = self._epoch_start + batch + 1
         self.progress.step_in_epoch = batch + 1
-        result = _loops.LoopResult(self.progress.global_step - before, None, logs)
+        result = step_loop.LoopResult(self.progress.global_step - before, None, logs)
+        for service in self.services:
+            service.results_read(self, result)
         for service in self.services:
             service.after_call(self, result)
 
@@ -122,25 +151,23 @@ class TensorBoardSummaries(ServicesCallback):
     ):
         super().__init__()
         self.log_dir = checkpoint_lib.ensure_writable_directory(log_dir, "log_dir")
-        summaries.check_every_steps(every_steps, "every_steps")
+        options.check_every_steps(every_steps, "every_steps")
         self.every_steps = every_steps
-        self.profile_steps = summaries.check_profile_steps(profile_steps)
+        self.profile_steps = options.check_profile_steps(profile_steps)
         self.timing = timing
 
-    def make_services(self) -> list[_services.Service]:
-        services: list[_services.Service] = []
+    def make_services(self) -> list[Service]:
+        services: list[Service] = []
         if self.profile_steps is not None:
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
             total = steps * epochs if steps and epochs else None
-            window = summaries.check_profile_steps(self.profile_steps, total)
+            window = options.check_profile_steps(self.profile_steps, total)
             services.append(
-                _services.ProfilerService(
-                    summaries.ProfileWindow(os.path.join(self.log_dir, "train"), window)
-                )
+                ProfilerService(summaries.ProfileWindow(os.path.join(self.log_dir, "train"), window))
             )
         timer = self.timing.timer if self.timing is not None else None
         writer = summaries.TrainingSummaries(self.log_dir, every_steps=self.every_steps)
-        services.append(_services.SummaryService(writer, timer, self.model.optimizer))
+        services.append(SummaryService(writer, timer, self.model.optimizer))
         return services
 
 
@@ -197,8 +224,8 @@ class CheckpointAndResume(keras.callbacks.Callback):
             model.optimizer.build(model.trainable_variables)
         self.restored = self.checkpointer.restore_latest()
         if self.restored is not None:
-            _keras_compat.set_initial_epoch(self.model, self.restored.epoch)  # read by keras.Model.fit
-            _run_setup.report_resume(
+            keras_internals.set_initial_epoch(self.model, self.restored.epoch)  # read by keras.Model.fit
+            run_setup.report_resume(
                 f"tftrain: resumed from {self.checkpointer.latest} at epoch {self.restored.epoch + 1} "
                 f"(step {self.restored.global_step}).",
                 self.params.get("verbose", 1),
@@ -210,7 +237,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
         self.checkpointer.save(progress, number=progress.global_step or None)
 
     def on_train_end(self, logs=None):
-        _keras_compat.set_initial_epoch(self.model, None)
+        keras_internals.set_initial_epoch(self.model, None)
 
 
 def standard_callbacks(

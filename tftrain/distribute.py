@@ -20,6 +20,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tftrain.errors import StrategySetupError
+
 _LOGGER = logging.getLogger("tftrain")
 _TF_CONFIG_EXAMPLE = (
     '{"cluster": {"worker": ["host0:2222", "host1:2222"]}, "task": {"type": "worker", "index": 0}}'
@@ -32,10 +34,6 @@ _PUBLIC_NAMES = {
     "TPUStrategyV2": "TPUStrategy",
     "_DefaultDistributionStrategy": "default strategy",
 }
-
-
-class StrategySetupError(RuntimeError):
-    """The requested strategy cannot be set up (no TPU found, devices already initialized)."""
 
 
 def setup_strategy(

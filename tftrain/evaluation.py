@@ -23,11 +23,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain import _hooks, summaries
-from tftrain._checkpoint_validation import VARIABLE_SUFFIX
-from tftrain._validation import check_int
-from tftrain._writer_lock import LOCK_NAME, live_writer
+from tftrain import options, summaries
 from tftrain.checkpoint import CheckpointError, IncompatibleCheckpointError, restore_model
+from tftrain.checkpoint.validation import VARIABLE_SUFFIX
+from tftrain.checkpoint.writer_lock import LOCK_NAME, live_writer
+from tftrain.errors import EvaluationTimeoutError
+from tftrain.options import check_int
 
 __all__ = ["EVAL_RUN", "RESULTS_FILE", "EvaluationTimeoutError", "evaluate_continuously", "read_results"]
 
@@ -38,10 +39,6 @@ _LOGGER = logging.getLogger("tftrain")
 
 if TYPE_CHECKING:
     from tftrain.trainer import Trainer
-
-
-class EvaluationTimeoutError(TimeoutError):
-    """No new checkpoint arrived in a `model_dir` within the evaluator's timeout."""
 
 
 def read_results(model_dir: str) -> dict[int, dict[str, float]]:
@@ -221,7 +218,7 @@ def _check_arguments(
             "again for each checkpoint: arrays, a tf.data.Dataset or a keras.utils.PyDataset (a "
             "generator or iterator would be used up by the first evaluation)."
         )
-    _hooks.check_verbose(verbose)
+    options.check_verbose(verbose)
     _check_seconds("timeout_s", timeout_s, optional=True)
     _check_seconds("poll_interval_s", poll_interval_s)
     check_int("last_step", last_step, optional=True)

@@ -15,9 +15,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain import _keras_compat
+from tftrain.compat import keras_internals
 
-Functional = _keras_compat.functional_class()
+Functional = keras_internals.functional_class()
 
 
 def _unscale_loss_for_distribution(loss: tf.Tensor) -> tf.Tensor:
@@ -60,16 +60,16 @@ class CustomModel(keras.Model):
     # (breaking every subclassed CustomModel). Instead, the user's class gets
     # the functional twin `FunctionalCustomModel` as its base.
     def __new__(cls, *args, **kwargs):
-        if cls is CustomModel and _keras_compat.functional_init_arguments(args, kwargs):
+        if cls is CustomModel and keras_internals.functional_init_arguments(args, kwargs):
             cls = FunctionalCustomModel
         return super().__new__(cls, *args, **kwargs)
 
     def __init__(self, *args, **kwargs):
-        if not _keras_compat.functional_init_arguments(args, kwargs):
+        if not keras_internals.functional_init_arguments(args, kwargs):
             super().__init__(*args, **kwargs)
             return
         if not isinstance(self, Functional):
-            _keras_compat.replace_base(type(self), CustomModel, FunctionalCustomModel)
+            keras_internals.replace_base(type(self), CustomModel, FunctionalCustomModel)
         # The next class after CustomModel in the MRO is now Functional.
         super().__init__(*args, **kwargs)
 
@@ -83,7 +83,7 @@ class CustomModel(keras.Model):
 
     def track_loss(self, loss: tf.Tensor, x: Any) -> None:
         """Updates the `loss` metric that Keras's logs report, weighted by batch size."""
-        tracker = _keras_compat.loss_tracker(self)  # created by `compile`
+        tracker = keras_internals.loss_tracker(self)  # created by `compile`
         if tracker is None:
             return
         batch_size = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]

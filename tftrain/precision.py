@@ -27,7 +27,7 @@ from typing import Any
 
 import keras
 
-from tftrain import _keras_compat
+from tftrain.compat import keras_internals
 
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32")
 
@@ -106,7 +106,7 @@ def apply_policy(model: keras.layers.Layer, name: str | None) -> None:
         )
     sublayers = [
         layer
-        for layer in _keras_compat.flatten_layers(model)
+        for layer in keras_internals.flatten_layers(model)
         if not isinstance(layer, keras.layers.InputLayer)
     ]
     # Layers built with `dtype=None` share the model's policy object (Keras hands

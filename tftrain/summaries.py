@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tftrain._validation import check_int
+from tftrain.options import check_every_steps
 
 TRAIN_RUN = "train"
 VALIDATION_RUN = "validation"
@@ -86,12 +86,6 @@ class TrainingSummaries:
             for name, value in values.items():
                 tf.summary.scalar(name, value)
 
-    def due(self, step_before: int, step_after: int) -> bool:
-        """Whether a host call that took the run from `step_before` to `step_after` crossed an N-step mark."""
-        if self.every_steps is None:
-            return False
-        return step_after // self.every_steps > step_before // self.every_steps
-
     def on_steps(
         self,
         step: int,
@@ -143,48 +137,6 @@ class TrainingSummaries:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
-
-
-def check_every_steps(value: Any, argument: str) -> None:
-    """Raises ValueError unless `value` is None or an integer >= 1."""
-    check_int(argument, value, optional=True)
-
-
-def check_profile_steps(profile_steps: Any, total_steps: int | None = None) -> tuple[int, int] | None:
-    """Validates a profiler window `(start, stop)` of 1-based training steps, both included.
-
-    Args:
-        profile_steps: None or a pair of integers with 1 <= start <= stop.
-        total_steps: Steps the run will train, if known: the window must end
-            within them.
-
-    Returns:
-        The window as a tuple, or None.
-
-    Raises:
-        ValueError: a malformed window, or one that ends after the run.
-    """
-    if profile_steps is None:
-        return None
-    window = tuple(profile_steps) if isinstance(profile_steps, (tuple, list)) else None
-    if (
-        window is None
-        or len(window) != 2
-        or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in window)
-        or not 1 <= window[0] <= window[1]
-    ):
-        raise ValueError(
-            f"Invalid value for argument `profile_steps`. Received: profile_steps={profile_steps!r}. "
-            "Expected a pair (start, stop) of training steps with 1 <= start <= stop, e.g. (10, 20) "
-            "profiles steps 10 to 20."
-        )
-    start, stop = int(window[0]), int(window[1])
-    if total_steps is not None and stop > total_steps:
-        raise ValueError(
-            f"Invalid value for argument `profile_steps`. Received: profile_steps={profile_steps!r}, "
-            f"but this run trains only {total_steps} steps. Expected stop <= {total_steps}."
-        )
-    return start, stop
 
 
 class ProfileWindow:

@@ -1,7 +1,7 @@
 """`Trainer`: a lean custom training loop driven by Keras callbacks.
 
 The Trainer runs a training step under the engine chosen by its options
-(`tftrain._loops`), drives a `keras.callbacks.CallbackList` exactly where
+(`tftrain.engine.step_loop`), drives a `keras.callbacks.CallbackList` exactly where
 `model.fit` would, and times itself (`tftrain.timing`). The step is the
 model's own `train_step` (so a `keras.Model` or `tftrain.CustomModel` trains
 as under `model.fit`), or `Trainer.train_step` overridden in a subclass.
@@ -15,27 +15,17 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain import (
-    _fit_checks,
-    _hooks,
-    _inputs,
-    _keras_compat,
-    _loops,
-    _model_setup,
-    _run_options,
-    _run_setup,
-    _strategy_checks,
-    _training_run,
-    distribute,
-    precision,
-    timing,
-)
-from tftrain._auto_steps import StepsPerCall
-from tftrain._export import ExportMixin
-from tftrain._inference import InferenceMixin
-from tftrain._services import PeriodicValidation
-from tftrain._step_summaries import InStepSummaries
-from tftrain._validation import check_int
+from tftrain import distribute, options, precision, timing
+from tftrain.compat import keras_internals
+from tftrain.data import fit_checks, inputs
+from tftrain.engine import model_setup, step_loop, strategy_checks
+from tftrain.engine.auto_steps import StepsPerCall
+from tftrain.loops import epoch_loop, hooks, run_setup
+from tftrain.loops.export import ExportMixin
+from tftrain.loops.inference import InferenceMixin
+from tftrain.options import check_int
+from tftrain.services.periodic_validation import PeriodicValidation
+from tftrain.services.step_summaries import InStepSummaries
 
 _TRACKED_TYPES = (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable, keras.metrics.Metric)
 _UNTRACKED_NAMES = frozenset({"model", "_global_step"})  # saved by the checkpoint itself
@@ -179,7 +169,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 f"{type(model).__name__}. Expected a keras.Model (Sequential, functional, "
                 "a subclass, or a tftrain.CustomModel)."
             )
-        self.options = _loops.EngineOptions(
+        self.options = options.EngineOptions(
             use_tf_function=use_tf_function,
             jit_compile=jit_compile,
             steps_per_loop=steps_per_loop,
@@ -187,7 +177,7 @@ class Trainer(InferenceMixin, ExportMixin):
         self.strategy = strategy or model.distribute_strategy
         self.model = model
         self.measure_timing = bool(measure_timing)
-        self.run_options = _run_options.RunOptions(
+        self.run_options = options.RunOptions(
             model_dir=model_dir,
             checkpoint_every_steps=checkpoint_every_steps,
             max_to_keep=max_to_keep,
@@ -201,15 +191,15 @@ class Trainer(InferenceMixin, ExportMixin):
             async_checkpoint=async_checkpoint,
         )
         self.model_dir = self.run_options.model_dir
-        _strategy_checks.check_model_in_scope(model, self.strategy)
+        strategy_checks.check_model_in_scope(model, self.strategy)
         self.mixed_precision = precision.check_policy(mixed_precision)
         with self.strategy.scope():  # a LossScaleOptimizer creates variables
             precision.apply_policy(model, self.mixed_precision)
             if optimizer is not None or loss is not None or metrics is not None:
-                optimizer = _strategy_checks.adopt_optimizer(optimizer, self.strategy)
+                optimizer = strategy_checks.adopt_optimizer(optimizer, self.strategy)
                 model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
             elif getattr(model, "optimizer", None) is not None:
-                model.optimizer = _strategy_checks.adopt_optimizer(model.optimizer, self.strategy)
+                model.optimizer = strategy_checks.adopt_optimizer(model.optimizer, self.strategy)
             precision.wrap_model_optimizer(model, self.mixed_precision)
         with self.strategy.scope():
             self._global_step = tf.Variable(
@@ -222,7 +212,7 @@ class Trainer(InferenceMixin, ExportMixin):
         self._in_step_summaries: InStepSummaries | None = None
         self._auto_steps: dict[str, StepsPerCall] = {}
         self.timing: timing.TimingReport | None = None
-        self._loops: dict[str, _loops.StepLoop] = {}
+        self._loops: dict[str, step_loop.StepLoop] = {}
 
     @property
     def global_step(self) -> tf.Variable:
@@ -318,22 +308,22 @@ class Trainer(InferenceMixin, ExportMixin):
     def _check_model_step(self, trainer_step: str, model_step: str) -> None:
         """Before any step runs: the default steps need a compiled model (and optimizer)."""
         if not self._overrides(trainer_step):
-            _model_setup.check_compiled_for(self.model, model_step, trainer_step)
+            model_setup.check_compiled_for(self.model, model_step, trainer_step)
 
     def _check_data(self, dataset: tf.data.Dataset, argument: str, step: str) -> None:
         """Data checks before any step: batched, targets where the loss needs them, an even global batch."""
         model_step = {"train_step": "train_step", "eval_step": "test_step"}[step]
-        default = not self._overrides(step) and _model_setup.uses_default_step(self.model, model_step)
-        _model_setup.check_data(self.model, dataset, argument, self.strategy, default_step=default)
+        default = not self._overrides(step) and model_setup.uses_default_step(self.model, model_step)
+        model_setup.check_data(self.model, dataset, argument, self.strategy, default_step=default)
 
     def _build(self, dataset: tf.data.Dataset) -> None:
         """Creates the model's, metrics' and optimizer's variables before the first trace."""
-        default = not self._overrides("train_step") and _model_setup.uses_default_step(
+        default = not self._overrides("train_step") and model_setup.uses_default_step(
             self.model, "train_step"
         )
-        _model_setup.build_variables(self.model, dataset, self.strategy, default_train_step=default)
+        model_setup.build_variables(self.model, dataset, self.strategy, default_train_step=default)
 
-    def _loop(self, kind: str) -> _loops.StepLoop:
+    def _loop(self, kind: str) -> step_loop.StepLoop:
         """The engine of `kind` ("train", "eval" or "predict"), built once."""
         if kind not in self._loops:
             step, name = {
@@ -341,7 +331,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 "eval": (self.eval_step, "eval_step"),
                 "predict": (self.predict_step, "predict_step"),
             }[kind]
-            self._loops[kind] = _loops.make_loop(
+            self._loops[kind] = step_loop.make_loop(
                 step,
                 self.options,
                 self.strategy,
@@ -358,7 +348,7 @@ class Trainer(InferenceMixin, ExportMixin):
             return iter
         return lambda ds: iter(self.strategy.experimental_distribute_dataset(ds))
 
-    def _validate_mid_epoch(self, plan: _inputs.EpochPlan, callback_list: Any) -> dict[str, Any]:
+    def _validate_mid_epoch(self, plan: inputs.EpochPlan, callback_list: Any) -> dict[str, Any]:
         """Validates without losing the epoch's training metrics (an evaluation resets every metric)."""
         saved = [(variable, variable.numpy()) for metric in self.metrics for variable in metric.variables]
         with tf.summary.record_if(False):  # the writer in fit is the training step's
@@ -375,7 +365,7 @@ class Trainer(InferenceMixin, ExportMixin):
         """
         if self._overrides(step):
             return dict(logs or {})
-        return dict(_keras_compat.metrics_result_or_logs(self.model, logs or {}))
+        return dict(keras_internals.metrics_result_or_logs(self.model, logs or {}))
 
     @property
     def chosen_steps_per_loop(self) -> int | None:
@@ -397,7 +387,7 @@ class Trainer(InferenceMixin, ExportMixin):
         if distribute.num_workers(self.strategy) > 1:
             return 1
         hook_kind = {"train": "train", "eval": "test", "predict": "predict"}[kind]
-        if _hooks.relies_on_batch_hooks(callback_list, hook_kind):
+        if hooks.relies_on_batch_hooks(callback_list, hook_kind):
             return 1
         return self._auto_steps.setdefault(kind, StepsPerCall("auto"))
 
@@ -416,8 +406,8 @@ class Trainer(InferenceMixin, ExportMixin):
             )
         return self._in_step_summaries
 
-    def _plan(self, data: _inputs.AdaptedInput) -> _inputs.EpochPlan:
-        return _inputs.EpochPlan(data, make_iterator=self._make_iterator())
+    def _plan(self, data: inputs.AdaptedInput) -> inputs.EpochPlan:
+        return inputs.EpochPlan(data, make_iterator=self._make_iterator())
 
     # ------------------------------------------------------------------- fit
 
@@ -498,17 +488,17 @@ class Trainer(InferenceMixin, ExportMixin):
         """
         check_int("epochs", epochs, 0)
         check_int("initial_epoch", initial_epoch, 0)
-        _hooks.check_verbose(verbose)
-        validation_split = _fit_checks.check_validation_split(validation_split)
-        validation_freq = _fit_checks.check_validation_freq(validation_freq)
-        epochs = _inputs.keras_epoch_limit(epochs)
+        options.check_verbose(verbose)
+        validation_split = options.check_validation_split(validation_split)
+        validation_freq = options.check_validation_freq(validation_freq)
+        epochs = inputs.keras_epoch_limit(epochs)
         self._check_model_step("train_step", "train_step")
-        _fit_checks.check_resume_sources(callbacks, self.model_dir)
+        fit_checks.check_resume_sources(callbacks, self.model_dir)
         if validation_split and validation_data is None:
-            (x, y, sample_weight), validation_data = _inputs.split_validation(
+            (x, y, sample_weight), validation_data = inputs.split_validation(
                 x, y, sample_weight, validation_split
             )
-        train = _inputs.adapt(
+        train = inputs.adapt(
             x,
             y,
             sample_weight,
@@ -518,9 +508,9 @@ class Trainer(InferenceMixin, ExportMixin):
             class_weight=class_weight,
         )
         if check_int("total_steps", total_steps, optional=True) is not None:
-            train, epochs = _fit_checks.step_budget_epochs(train, total_steps, epochs)
+            train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
         plan = self._plan(train)
-        _fit_checks.check_single_pass(
+        fit_checks.check_single_pass(
             plan,
             epochs - initial_epoch,
             "x",
@@ -533,21 +523,21 @@ class Trainer(InferenceMixin, ExportMixin):
             self._check_model_step("eval_step", "test_step")
             val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
             val_plan = self._plan(
-                _inputs.adapt(
+                inputs.adapt(
                     val_x,
                     val_y,
                     val_sample_weight,
                     batch_size=validation_batch_size
-                    or (batch_size if _inputs.input_kind(val_x) == "arrays" else None),
+                    or (batch_size if inputs.input_kind(val_x) == "arrays" else None),
                     steps=validation_steps,
                     argument="validation_data",
                     steps_argument="validation_steps",
                 )
             )
             validations = sum(
-                _fit_checks.should_validate(epoch, validation_freq) for epoch in range(initial_epoch, epochs)
+                fit_checks.should_validate(epoch, validation_freq) for epoch in range(initial_epoch, epochs)
             )
-            _fit_checks.check_single_pass(
+            fit_checks.check_single_pass(
                 val_plan, validations, "validation_data", "validation_steps", f"{validations} validations"
             )
             self._check_data(val_plan.dataset, "validation_data", "eval_step")
@@ -580,7 +570,7 @@ class Trainer(InferenceMixin, ExportMixin):
                 )
             )
         worker = distribute.worker_role(self.strategy)
-        run = _run_setup.start_run(
+        run = run_setup.start_run(
             self.run_options,
             model=self.model,
             extra_state=self.checkpoint_state,
@@ -588,7 +578,7 @@ class Trainer(InferenceMixin, ExportMixin):
             epochs=epochs,
             timer=timer if self.measure_timing else None,
             trace_counter=train_loop.trace_counter,
-            verbose=_hooks.check_verbose(verbose),
+            verbose=options.check_verbose(verbose),
             strategy=self.strategy,
             total_steps=total_steps,
             extra_services=tuple(extra_services),
@@ -600,28 +590,28 @@ class Trainer(InferenceMixin, ExportMixin):
         try:
             callback_list.on_train_begin()
             if not run.resumed:  # where to start, as fit reads it after on_train_begin (BackupAndRestore)
-                run.progress.epoch = _keras_compat.initial_epoch(self.model) or initial_epoch
+                run.progress.epoch = keras_internals.initial_epoch(self.model) or initial_epoch
             for epoch in range(run.progress.epoch, epochs):
                 if run.progress.step_in_epoch == 0:  # else: resumed mid-epoch, metrics restored
                     self.reset_metrics()
                 callback_list.on_epoch_begin(epoch)
-                logs = _training_run.run_pass(
+                logs = epoch_loop.run_pass(
                     plan,
                     train_loop,
-                    *_hooks.batch_hooks(callback_list, "train"),
+                    *hooks.batch_hooks(callback_list, "train"),
                     steps_per_loop=self._steps_per_call("train", callback_list),
                     timer=timer if self.measure_timing else None,
                     run=run,
                     should_stop=lambda: self.model.stop_training,
                 )
                 epoch_logs = self._final_logs(logs, "train_step")
-                if val_plan is not None and _fit_checks.should_validate(epoch, validation_freq):
+                if val_plan is not None and fit_checks.should_validate(epoch, validation_freq):
                     with tf.summary.record_if(False):  # the writer in fit is the training step's
                         val_logs = self._run_evaluation(val_plan, callback_list)
                     epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
                 callback_list.on_epoch_end(epoch, epoch_logs)
                 training_logs = epoch_logs
-                run.end_epoch(_keras_compat.pythonify_logs(epoch_logs))
+                run.end_epoch(keras_internals.pythonify_logs(epoch_logs))
                 if self.model.stop_training or run.finished:
                     break
             optimizer = getattr(self.model, "optimizer", None)

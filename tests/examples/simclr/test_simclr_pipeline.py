@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain import _data_checkpoint, _keras_compat
 from tftrain import data as data_lib
+from tftrain.checkpoint import data_position
+from tftrain.compat import keras_internals
 from tftrain.examples.simclr import augment, blur, pipeline
 
 
@@ -126,8 +127,8 @@ def test_the_training_iterator_checkpoints_symbolically_and_resumes_the_exact_st
             use_blur=True,
             seed=3,
         )
-        mode, prepared = _data_checkpoint.prepare(built, None)
-        assert mode == _data_checkpoint.SYMBOLIC  # no stateful op, no cache: no full iterator state
+        mode, prepared = data_position.prepare(built, None)
+        assert mode == data_position.SYMBOLIC  # no stateful op, no cache: no full iterator state
         return prepared
 
     expected = [features.numpy() for features, _ in dataset().take(7)]
@@ -146,7 +147,7 @@ def test_no_cache_unless_asked():
         dataset = pipeline.build_dataset(
             "shapes", "train", batch_size=8, image_size=16, num_examples=20, **kwargs
         )
-        return {node.op for node in _keras_compat.dataset_graph_nodes(dataset)}
+        return {node.op for node in keras_internals.dataset_graph_nodes(dataset)}
 
     for is_training in (True, False):
         assert not any(op.startswith("CacheDataset") for op in ops(is_training=is_training))

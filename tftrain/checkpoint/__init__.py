@@ -1,0 +1,51 @@
+"""Checkpoints for exact resume: what is saved, crash-safe saving, validated restore.
+
+The storage layer. It knows nothing of the loop or of services: it imports
+only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
+
+- `checkpointer`: `Checkpointer` (save, find, validate, restore), `Progress`,
+  `training_state`, `restore_model`.
+- `validation`: reading a checkpoint whole and checking it against the model
+  before anything is assigned.
+- `warm_start`: initializing a new run from another run's checkpoint.
+- `writer_lock`: one writing process per `model_dir`.
+- `data_position`: how a checkpoint keeps the input pipeline's position.
+"""
+
+from tftrain.checkpoint.checkpointer import (
+    CHECKPOINT_NAME,
+    Checkpointer,
+    Progress,
+    restore_model,
+    seed_generator_states,
+    training_state,
+)
+from tftrain.checkpoint.validation import ensure_writable_directory, open_checkpoint
+from tftrain.checkpoint.warm_start import WarmStartReport, warm_start
+from tftrain.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    ModelDirInUseError,
+    NonFiniteStateError,
+)
+from tftrain.options import check_directory_path
+
+__all__ = [
+    "restore_model",
+    "warm_start",
+    "WarmStartReport",
+    "ModelDirInUseError",
+    "CHECKPOINT_NAME",
+    "CheckpointError",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "IncompatibleCheckpointError",
+    "NonFiniteStateError",
+    "Progress",
+    "check_directory_path",
+    "open_checkpoint",
+    "ensure_writable_directory",
+    "seed_generator_states",
+    "training_state",
+]

@@ -1,0 +1,601 @@
+"""Checkpoints for exact resume: what is saved, crash-safe saving, validated restore.
+
+A `Checkpointer` keeps the checkpoints of one training run in a directory,
+through `tf.train.Checkpoint` and `tf.train.CheckpointManager`. A checkpoint
+holds the model, its optimizer (slots and iteration count), the state of every
+Keras `SeedGenerator` the model uses (Dropout, random augmentation layers: not
+part of a model's weights, so a plain weights checkpoint loses them), metric
+states, the run's progress (epoch, step), the timing state, and the training
+data iterator where `tf.data` can save it.
+
+Saving is crash-safe because TensorFlow writes a checkpoint's files first and
+only then records it in the `checkpoint` state file (an atomic rename): a kill
+during a save leaves the previous checkpoint as the latest one. What such a
+kill leaves behind (temporary directories, unrecorded files) is removed when a
+`Checkpointer` restores. Restoring reads every tensor of a checkpoint before
+assigning anything, so a corrupt checkpoint is found before it can half-restore
+the model, and an older good one is used instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain.checkpoint.validation import (
+    VARIABLE_SUFFIX,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    check_compatible,
+    ensure_writable_directory,
+    open_checkpoint,
+    read_all_tensors,
+)
+from tftrain.compat import keras_internals
+from tftrain.errors import NonFiniteStateError
+from tftrain.options import check_int
+
+CHECKPOINT_NAME = "ckpt"
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a training run is.
+
+    Attributes:
+        epoch: The epoch being trained (epochs completed, at an epoch end).
+        step_in_epoch: Steps done in `epoch`.
+        global_step: Training steps done in the whole run.
+        batches_in_pass: Batches the training iterator has yielded since it
+            started its current pass over the data (used to resume by
+            skipping batches where the iterator itself cannot be saved).
+    """
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    batches_in_pass: int = 0
+
+
+def seed_generator_states(model: keras.Model) -> list[keras.Variable]:
+    """The model's random-generator states: its variables that are not weights.
+
+    Keras layers that draw random numbers (Dropout, GaussianNoise, random
+    augmentation) keep a `SeedGenerator` whose state is a variable listed in
+    `model.variables` but not in `model.weights`.
+    """
+    weights = {id(variable) for variable in model.weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
+
+
+def training_state(
+    model: keras.Model, extra: Mapping[str, Any] | None = None, *, metrics: bool = True
+) -> dict[str, Any]:
+    """The trackable objects that make up a model's training state.
+
+    Args:
+        model: The model (its optimizer comes with it).
+        extra: More trackables to save by name, e.g. a second optimizer.
+        metrics: Include the metrics' state (needed to resume mid-epoch).
+
+    Returns:
+        A dict of name -> trackable for `tf.train.Checkpoint`.
+    """
+    state: dict[str, Any] = {"model": model, "seed_states": seed_generator_states(model)}
+    if metrics:
+        state["metrics"] = [variable for metric in model.metrics for variable in metric.variables]
+    if getattr(model, "optimizer", None) is not None:
+        state["optimizer"] = model.optimizer
+    state.update(extra or {})
+    return state
+
+
+def _is_checkpointable_iterator(iterator: Any) -> bool:
+    # tf.data iterators are trackable; distributed iterators are not.
+    return isinstance(iterator, tf.data.Iterator)
+
+
+class Checkpointer:
+    """Saves and restores a training run's state in one directory.
+
+    Args:
+        directory: Where checkpoints go (created if needed).
+        state: Name -> trackable (see `training_state`), or a function that
+            returns it. A function is called at every save and restore, so
+            state that appears late (a model built in its first step, with
+            its Dropout seeds and metrics) is saved too.
+        max_to_keep: Checkpoints kept; older ones are deleted.
+        restore_directory: Where `restore_latest` reads from, if not
+            `directory`; read-only (nothing there is cleaned or renamed).
+            A non-chief worker of a multi-worker run restores the chief's
+            checkpoints and saves its own copies to a scratch directory.
+        global_step: The run's global step variable (the one the training
+            step increments), saved and restored in place as the progress's
+            `global_step`. None: a variable of the checkpointer's own, set
+            from `Progress.global_step` at each save.
+        async_write: Write checkpoints in a background thread
+            (`tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)`):
+            `save` copies the state to host memory and returns; the files are
+            written while training goes on, and recorded as the latest
+            checkpoint only once complete, so a crash mid-write leaves the
+            previous one. The next `save`, `sync` and every restore wait for
+            a pending write (and raise its error, if it failed).
+
+    Raises:
+        ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
+        TypeError: `async_write` is not a bool.
+        tftrain.compat.keras_internals.KerasInternalsError: `async_write` where the
+            installed TensorFlow cannot save asynchronously.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        state: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+        *,
+        max_to_keep: int = 5,
+        restore_directory: str | None = None,
+        global_step: tf.Variable | None = None,
+        async_write: bool = False,
+    ):
+        check_int("max_to_keep", max_to_keep)
+        if not isinstance(async_write, bool):
+            raise TypeError(
+                f"Invalid value for argument `async_write`. Received: async_write={async_write!r}. "
+                "Expected True or False."
+            )
+        if async_write:
+            keras_internals.check_async_checkpoint_support()
+        self.async_write = async_write
+        # What the asynchronous writer copies to host memory: fixed at its first save.
+        self._async_objects: list[int] | None = None
+        self.directory = ensure_writable_directory(directory, "model_dir")
+        self.max_to_keep = max_to_keep
+        self.restore_directory = restore_directory or self.directory
+        with tf.init_scope():
+            self._progress = {
+                field.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=field.name)
+                for field in dataclasses.fields(Progress)
+                if field.name != "global_step" or global_step is None
+            }
+            self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
+            # The services' states, as JSON. Saved under the key "timing": its name from
+            # before other services kept state (older checkpoints hold the timer's alone).
+            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="timing_state")
+        if global_step is not None:
+            self._progress["global_step"] = global_step
+        self._shared_step = global_step
+        self._state_fn = state if callable(state) else (lambda: dict(state))
+        self._data = tf.Module(name="data")
+        self._iterator_unsaveable_reason: str | None = None
+        self._root = self._new_root()
+        self._manager: tf.train.CheckpointManager | None = None
+        self.service_states: dict[str, Any] = {}
+        self.iterator_restored = False
+
+    def _new_root(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(
+            **self._state_fn(),
+            progress=self._progress,
+            iterator_saved=self._iterator_saved,
+            timing=self._service_states,
+            data=self._data,
+        )
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def manager(self) -> tf.train.CheckpointManager:
+        if self._manager is None:
+            self._manager = tf.train.CheckpointManager(
+                self._root, self.directory, max_to_keep=self.max_to_keep, checkpoint_name=CHECKPOINT_NAME
+            )
+        return self._manager
+
+    @property
+    def latest(self) -> str | None:
+        """The newest recorded checkpoint (in `restore_directory`), or None; waits for a pending asynchronous save."""
+        self.sync()
+        if self.restore_directory != self.directory:
+            return tf.train.latest_checkpoint(self.restore_directory)
+        return self.manager.latest_checkpoint
+
+    @property
+    def _read_only(self) -> bool:
+        return self.restore_directory != self.directory
+
+    def _recorded(self, directory: str | None = None) -> list[str] | None:
+        """Recorded checkpoints (oldest first); None if the state file cannot be parsed."""
+        directory = directory or self.directory
+        try:
+            state = tf.train.get_checkpoint_state(directory)
+        except Exception as error:  # a damaged state file: a protobuf parse error
+            warnings.warn(
+                f"The checkpoint state file in {directory} cannot be read ({error}); looking for "
+                "checkpoint files directly.",
+                stacklevel=3,
+            )
+            return None
+        return list(state.all_model_checkpoint_paths) if state else []
+
+    def _found_on_disk(self, directory: str) -> list[str]:
+        if not tf.io.gfile.isdir(directory):
+            return []
+        pattern = re.compile(rf"^{CHECKPOINT_NAME}-(\d+)\.index$")
+        numbers = sorted(
+            int(match.group(1)) for name in tf.io.gfile.listdir(directory) if (match := pattern.match(name))
+        )
+        return [tf.io.gfile.join(directory, f"{CHECKPOINT_NAME}-{n}") for n in numbers]
+
+    def clean_leftovers(self) -> list[str]:
+        """Removes what an interrupted save left behind; returns the removed paths.
+
+        That is: temporary shard directories (`ckpt-N_temp`), temporary state
+        files (`checkpoint.tmp...`), and checkpoint files that the state file
+        does not record (a save killed before it was recorded).
+        """
+        recorded = self._recorded()
+        kept = (
+            None
+            if recorded is None
+            else {tf.io.gfile.join(self.directory, p.split("/")[-1]) for p in recorded}
+        )
+        file_pattern = re.compile(rf"^({CHECKPOINT_NAME}-\d+)\.(index|data-\d+-of-\d+)$")
+        removed = []
+        for name in tf.io.gfile.listdir(self.directory):
+            name = name.rstrip("/")
+            full = tf.io.gfile.join(self.directory, name)
+            if name.startswith(f"{CHECKPOINT_NAME}-") and "_temp" in name and tf.io.gfile.isdir(full):
+                tf.io.gfile.rmtree(full)
+            elif name.startswith("checkpoint.tmp"):
+                tf.io.gfile.remove(full)
+            elif (match := file_pattern.match(name)) and kept is not None:
+                if tf.io.gfile.join(self.directory, match.group(1)) in kept:
+                    continue
+                tf.io.gfile.remove(full)
+            else:
+                continue
+            removed.append(full)
+        return removed
+
+    # ---------------------------------------------------------------- restore
+
+    def restore_latest(self, iterator: Any = None) -> Progress | None:
+        """Restores the newest good checkpoint, if any.
+
+        Cleans leftovers of interrupted saves first. A checkpoint that cannot
+        be read is skipped with a warning naming it (its files are renamed
+        with a `.corrupt` suffix, not deleted), and the previous one is used.
+
+        Args:
+            iterator: The training iterator the run will read from; its state
+                is restored where the checkpoint saved one.
+
+        Returns:
+            The restored progress, or None if the directory holds no
+            checkpoint. `iterator_restored` then says whether the iterator's
+            state was restored (else resume by skipping `batches_in_pass`).
+
+        Raises:
+            IncompatibleCheckpointError: the checkpoint does not fit the model
+                (nothing is restored).
+            CorruptCheckpointError: checkpoints exist but none can be read.
+        """
+        self.sync()  # a pending write's files are not leftovers
+        if not self._read_only:
+            self.clean_leftovers()
+        recorded = self._recorded(self.restore_directory)
+        candidates = self._found_on_disk(self.restore_directory) if recorded is None else recorded
+        failures = []
+        for path in reversed(candidates):
+            try:
+                reader = tf.train.load_checkpoint(path)
+                read_all_tensors(reader)
+                progress = self._restore_from(path, reader, iterator)
+            except IncompatibleCheckpointError:
+                raise
+            except Exception as error:  # any read error means this checkpoint is damaged
+                failures.append((path, error))
+                warnings.warn(
+                    f"The checkpoint {path} cannot be read ({type(error).__name__}: {error}); "
+                    "falling back to the previous checkpoint.",
+                    stacklevel=2,
+                )
+                continue
+            if failures and not self._read_only:
+                self._drop_newer(path, [failed for failed, _ in failures])
+            return progress
+        if failures:
+            listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in failures)
+            raise CorruptCheckpointError(
+                f"Every checkpoint in {self.restore_directory} is damaged, so training cannot resume:\n{listed}\n"
+                "Expected at least one readable checkpoint. Move the directory away (or pass another "
+                "`model_dir`) to train from scratch."
+            )
+        return None
+
+    def restore_from(self, path: str, iterator: Any = None) -> tuple[str, Progress]:
+        """Restores a chosen checkpoint (e.g. another run's) instead of the latest of this directory.
+
+        Validated as `restore_latest` is (nothing partly restored); a damaged
+        checkpoint is an error, with no fallback to another one.
+
+        Args:
+            path: A checkpoint path prefix, or a directory (its latest checkpoint).
+            iterator: The training iterator, restored where the checkpoint saved one.
+
+        Returns:
+            The checkpoint path restored, and its progress.
+
+        Raises:
+            CheckpointError: no checkpoint at `path`, or it cannot be read.
+            IncompatibleCheckpointError: it does not fit the model.
+        """
+        self.sync()
+        path, reader = open_checkpoint(path, "resume_from")
+        _read_every_tensor(path, reader)
+        return path, self._restore_from(path, reader, iterator)
+
+    def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
+        # Separate roots for reading: TF keeps a pending ("deferred") restore for any
+        # saved object missing from the root it reads into, and would apply it to
+        # the next iterator attached to `self._root` at a later save.
+        state_root = tf.train.Checkpoint(
+            **self._state_fn(),
+            progress=self._progress,
+            iterator_saved=self._iterator_saved,
+            timing=self._service_states,
+        )
+        state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
+        check_compatible(path, reader, state_root)
+        iterator_in_checkpoint = bool(reader.get_tensor("iterator_saved" + VARIABLE_SUFFIX))
+        restore_iterator = iterator_in_checkpoint and _is_checkpointable_iterator(iterator)
+        if restore_iterator:
+            # The data first: if the input pipeline changed, fail before any variable is assigned.
+            holder = tf.Module(name="data")
+            holder.iterator = iterator
+            try:
+                tf.train.Checkpoint(data=holder).read(path).expect_partial()
+            except tf.errors.DataLossError:
+                raise  # a damaged file: the caller falls back to an older checkpoint
+            except Exception as error:
+                raise IncompatibleCheckpointError(
+                    f"The training data iterator saved in {path} cannot be restored into this run's "
+                    f"input pipeline ({type(error).__name__}: {error}). Expected the same `tf.data` "
+                    "pipeline as the run that wrote the checkpoint; nothing was restored."
+                ) from error
+        state_root.read(path).expect_partial().assert_existing_objects_matched()
+        self._root.save_counter.assign(state_root.save_counter)
+        progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
+        self.iterator_restored = restore_iterator
+        self.service_states = _parse_service_states(self._service_states.numpy())
+        return progress
+
+    def read_service_states(self, path: str | None = None) -> dict[str, Any] | None:
+        """The services' states saved in a checkpoint, read without restoring anything.
+
+        Args:
+            path: A checkpoint path prefix; None: the latest checkpoint.
+
+        Returns:
+            The states by service name; None if there is no checkpoint or it cannot be read.
+        """
+        path = path if path is not None else self.latest
+        if path is None:
+            return None
+        try:
+            reader = tf.train.load_checkpoint(path)
+            return _parse_service_states(reader.get_tensor("timing" + VARIABLE_SUFFIX))
+        except (tf.errors.OpError, ValueError):
+            return None
+
+    def _drop_newer(self, good: str, damaged: list[str]) -> None:
+        """Makes `good` the latest checkpoint; renames the damaged files aside."""
+        for prefix in damaged:
+            for name in tf.io.gfile.glob(prefix + ".*"):
+                if not name.endswith(".corrupt"):
+                    tf.io.gfile.rename(name, name + ".corrupt", overwrite=True)
+        kept = [path for path in self._recorded() or [] if path not in damaged]
+        tf.compat.v1.train.update_checkpoint_state(
+            self.directory, model_checkpoint_path=good, all_model_checkpoint_paths=kept
+        )
+        self._manager = None  # re-read the corrected state file
+
+    # ------------------------------------------------------------------- save
+
+    def check_finite(self) -> None:
+        """Raises `NonFiniteStateError` if a model or optimizer variable holds NaN/Inf."""
+        state = self._state_fn()
+        variables = list(state["model"].variables)
+        optimizer = state.get("optimizer")
+        if optimizer is not None:
+            variables += list(optimizer.variables)
+        floating = [v for v in variables if tf.as_dtype(v.dtype).is_floating]
+        if not floating:
+            return
+        finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v))) for v in floating])
+        if bool(tf.reduce_all(finite)):
+            return
+        bad = floating[int(tf.argmin(tf.cast(finite, tf.int32)))]
+        raise NonFiniteStateError(
+            f"Not writing a checkpoint: variable `{getattr(bad, 'path', bad.name)}` holds NaN or "
+            f"infinite values. The last good checkpoint ({self.latest}) is kept."
+        )
+
+    def _warn_iterator_unsaveable(self, reason: str) -> None:
+        self._iterator_unsaveable_reason = reason
+        warnings.warn(
+            f"The training data iterator cannot be checkpointed ({reason}); resuming will skip "
+            "the batches already seen instead (the same batches only if the input order is "
+            "deterministic).",
+            stacklevel=3,
+        )
+
+    def save(
+        self,
+        progress: Progress,
+        iterator: Any = None,
+        service_states: dict[str, Any] | None = None,
+        *,
+        number: int | None = None,
+    ) -> str:
+        """Writes a checkpoint of the current state.
+
+        Args:
+            progress: Where the run is.
+            iterator: The iterator the next training step reads from; saved
+                if `tf.data` can save it, else the run resumes by skipping
+                `progress.batches_in_pass` batches.
+            service_states: The run's services' states by name
+                (JSON-serializable), read back as `service_states` on restore.
+            number: The checkpoint's number (`ckpt-<number>`); the Trainer
+                numbers them by global step. None: one more than the last save.
+
+        Returns:
+            The checkpoint's path prefix.
+
+        Raises:
+            NonFiniteStateError: a model or optimizer variable is not finite.
+        """
+        self.check_finite()
+        # A pending write reads the object graph from its thread: wait before changing it
+        # (TensorFlow's next save would wait for it anyway).
+        self.sync()
+        for name, variable in self._progress.items():
+            if variable is self._shared_step:
+                if int(variable.numpy()) != progress.global_step:
+                    raise RuntimeError(
+                        f"tftrain internal error: the global step variable holds {int(variable.numpy())} "
+                        f"but the run counted {progress.global_step} steps; nothing was saved."
+                    )
+                continue
+            variable.assign(getattr(progress, name))
+        self._service_states.assign(json.dumps(service_states) if service_states else "")
+        for name, value in self._state_fn().items():
+            setattr(self._root, name, value)
+        if (
+            iterator is not None
+            and self._iterator_unsaveable_reason is None
+            and not _is_checkpointable_iterator(iterator)
+        ):
+            self._warn_iterator_unsaveable(f"a {type(iterator).__name__} is not a tf.data iterator")
+        with_iterator = self._iterator_unsaveable_reason is None and _is_checkpointable_iterator(iterator)
+        if with_iterator:
+            self._data.iterator = iterator
+            self._iterator_saved.assign(True)
+            try:
+                return self._write(number)
+            except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as error:
+                # e.g. a pipeline with a Python generator or stateful op: tf.data cannot save it.
+                self._warn_iterator_unsaveable(str(error).splitlines()[0])
+                self.clean_leftovers()
+        if hasattr(self._data, "iterator"):
+            del self._data.iterator
+        self._iterator_saved.assign(False)
+        return self._write(number)
+
+    def _write(self, number: int | None) -> str:
+        if not self.async_write:
+            return self.manager.save(checkpoint_number=number)
+        # TensorFlow's writer copies only the objects it found at its first save; state
+        # that appeared since (a new pass's iterator, a late-built layer) would be read
+        # live from the writer thread, while training changes it. A fresh root copies it.
+        objects = [id(node) for node in tf.train.TrackableView(self._root).descendants()]
+        if self._async_objects is not None and objects != self._async_objects:
+            self._replace_root()
+            objects = [id(node) for node in tf.train.TrackableView(self._root).descendants()]
+        self._async_objects = objects
+        options = keras_internals.async_checkpoint_options(self._root)
+        return self.manager.save(checkpoint_number=number, options=options)
+
+    def sync(self) -> None:
+        """Waits until a pending asynchronous save is written and recorded.
+
+        Raises:
+            Exception: the error that made the pending write fail (e.g. a full
+                disk); the checkpoint before it is still the latest.
+        """
+        if self.async_write:
+            keras_internals.wait_for_async_checkpoint(self._root)
+
+    def close(self) -> None:
+        """Waits for a pending asynchronous save and stops the writer thread (a no-op otherwise)."""
+        if self.async_write and self._async_objects is not None:
+            self._replace_root()
+
+    def _replace_root(self) -> None:
+        """Stops the asynchronous writer (after its pending save) and starts over with a fresh root."""
+        counter = int(self._root.save_counter.numpy())
+        keras_internals.stop_async_checkpoint(self._root)
+        self._root = self._new_root()
+        self._root.save_counter.assign(counter)
+        self._manager = None
+        self._async_objects = None
+
+
+def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = True) -> str:
+    """Restores a model (and its optimizer) from a tftrain checkpoint, validated first.
+
+    For evaluating or exporting a saved state: the best checkpoint
+    (`model_dir/best`), a chosen step (`model_dir/checkpoints/ckpt-3000`).
+    Every tensor is read and every variable checked by name and shape before
+    anything is assigned, as a resuming `fit` does; the rest of the saved
+    state (progress, data iterator, metrics) is left alone.
+
+    Args:
+        model: The model, built (its variables exist).
+        path: A checkpoint path prefix (`.../ckpt-3000`), or a directory
+            (its latest checkpoint is used).
+        include_optimizer: Also restore `model.optimizer`'s state (its
+            variables are created first if needed).
+
+    Returns:
+        The checkpoint path restored.
+
+    Raises:
+        CheckpointError: `path` holds no checkpoint.
+        CorruptCheckpointError: the checkpoint cannot be read.
+        IncompatibleCheckpointError: it does not fit the model (nothing restored).
+        ValueError: the model is not built.
+    """
+    path, reader = open_checkpoint(path)
+    if not model.built:
+        raise ValueError(
+            f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
+            "built model: call it once on a batch, or `model.build(input_shape)`."
+        )
+    _read_every_tensor(path, reader)
+    state: dict[str, Any] = {"model": model}
+    optimizer = getattr(model, "optimizer", None)
+    if include_optimizer and optimizer is not None:
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        state["optimizer"] = optimizer
+    root = tf.train.Checkpoint(**state)
+    check_compatible(path, reader, root, only=tuple(state))
+    root.read(path).expect_partial()
+    return path
+
+
+def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:
+    """Reads every tensor once, so a damaged file fails before anything is assigned."""
+    try:
+        read_all_tensors(reader)
+    except tf.errors.OpError as error:
+        raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+
+
+def _parse_service_states(saved: bytes) -> dict[str, Any]:
+    """The services' states from a checkpoint's JSON string."""
+    text = saved.decode() if isinstance(saved, bytes) else str(saved)
+    states = json.loads(text) if text else {}
+    if "timer" in states:  # a checkpoint written before services kept state: the timer's alone
+        states = {"timing": states}
+    return states

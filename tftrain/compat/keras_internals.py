@@ -1,0 +1,360 @@
+"""Every private Keras and TensorFlow API tftrain relies on, in one place.
+
+tftrain mirrors `keras.Model.fit`, and where Keras has no public name for what
+`fit` itself does, tftrain calls the same private code rather than writing a
+second copy that could drift. Each accessor below says why it is needed and
+checks, on first use, that the installed Keras or TensorFlow still has it. A
+missing one raises `KerasInternalsError` naming both versions; there is never a
+silent fallback.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain.errors import KerasInternalsError
+
+TESTED_KERAS = ("3.7.0", "3.15.1")
+"""The oldest and newest Keras versions tftrain's tests run against."""
+
+TESTED_TENSORFLOW = ("2.16.2", "2.21.0")
+"""The oldest and newest TensorFlow versions tftrain's tests run against."""
+
+
+def _missing(what: str, why: str) -> KerasInternalsError:
+    return KerasInternalsError(
+        f"tftrain needs {what} ({why}), but it is missing from the installed Keras "
+        f"{keras.__version__} / TensorFlow {tf.__version__}. tftrain is tested with Keras "
+        f"{TESTED_KERAS[0]} to {TESTED_KERAS[1]} and TensorFlow {TESTED_TENSORFLOW[0]} to "
+        f"{TESTED_TENSORFLOW[1]}: install versions in those ranges "
+        f'(e.g. pip install "keras=={TESTED_KERAS[1]}").'
+    )
+
+
+@functools.cache
+def _attribute(module: str, name: str, why: str) -> Any:
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise _missing(f"`{module}.{name}`", why) from error
+    return value
+
+
+def _method(obj: Any, name: str, why: str) -> Any:
+    method = getattr(obj, name, None)
+    if method is None:
+        raise _missing(f"`{type(obj).__name__}.{name}`", why)
+    return method
+
+
+# ------------------------------------------------------------------ models
+
+
+def functional_class() -> type:
+    """Keras's functional model class (no public name).
+
+    Needed to build a functional `CustomModel` (`CustomModel(inputs, outputs)`)
+    without Keras rewriting the user's class bases itself.
+    """
+    return _attribute("keras.src.models.functional", "Functional", "functional CustomModels")
+
+
+def functional_init_arguments(args: tuple, kwargs: dict) -> bool:
+    """Whether model constructor arguments are `(inputs, outputs)`, as Keras decides it.
+
+    Keras makes a `Model` subclass called with them functional; `CustomModel`
+    must decide the same way to give such a class its functional twin.
+    """
+    decide = _attribute("keras.src.models.model", "functional_init_arguments", "functional CustomModels")
+    return bool(decide(args, kwargs))
+
+
+def replace_base(cls: type, old: type, new: type) -> None:
+    """Replaces base class `old` by `new` wherever it appears in `cls`'s hierarchy (except in `new`).
+
+    What Keras itself does to make a subclass functional (it rewrites
+    `__bases__` in `inject_functional_model_class`); done for `CustomModel`
+    so that Keras's rewrite never reaches `CustomModel` itself.
+    """
+    for klass in cls.__mro__:
+        if old in klass.__bases__ and klass is not new:
+            klass.__bases__ = tuple(new if base is old else base for base in klass.__bases__)
+
+
+def symbolic_build(model: keras.Model, data_batch: Any) -> None:
+    """Creates a compiled model's variables (layers, metrics, loss, optimizer) from a batch spec.
+
+    What `model.fit` runs before its first step. Creating the variables
+    inside the first `tf.function` call instead would trace it twice.
+    """
+    _method(model, "_symbolic_build", "creating variables before the first trace")(data_batch=data_batch)
+
+
+def loss_tracker(model: keras.Model) -> Any:
+    """The `Mean` metric behind the `loss` log (`compile` creates it), or None.
+
+    Keras's own `train_step` updates it; a `CustomModel`'s pieces must too, so
+    its logs read as Keras's do.
+    """
+    if not hasattr(model, "_loss_tracker"):
+        if getattr(model, "compiled", False):
+            raise _missing("`keras.Model._loss_tracker`", "the `loss` log of a CustomModel")
+        return None
+    return model._loss_tracker
+
+
+def flatten_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """Every sublayer of `layer`, itself included, at any depth.
+
+    Keras has no public recursive iterator; this is what `Layer.layers` and
+    its variable tracking use. Needed to switch the dtype policy of every layer.
+    """
+    flatten = _method(layer, "_flatten_layers", "switching every layer's dtype policy")
+    return list(flatten(include_self=True, recursive=True))
+
+
+def initial_epoch(model: keras.Model) -> int | None:
+    """The epoch a callback asked `fit` to start at (`BackupAndRestore`'s resume protocol).
+
+    Keras's `BackupAndRestore` restores a backup in `on_train_begin` and sets
+    `model._initial_epoch`, which `fit` reads right after `on_train_begin`.
+    """
+    if not hasattr(model, "_initial_epoch"):
+        raise _missing("`keras.Model._initial_epoch`", "BackupAndRestore's resume protocol")
+    return model._initial_epoch
+
+
+def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:
+    """Sets the epoch `fit` starts at (see `initial_epoch`); None clears it."""
+    initial_epoch(model)  # checks the attribute exists
+    model._initial_epoch = epoch
+
+
+def metrics_result_or_logs(model: keras.Model, logs: Any) -> Any:
+    """`fit`'s epoch logs: the model's metric results when they match the step's logs, else the logs."""
+    return _method(model, "_get_metrics_result_or_logs", "epoch logs as fit gives them")(logs)
+
+
+def flatten_metrics_in_order(model: keras.Model, logs: dict[str, Any]) -> Any:
+    """`evaluate(return_dict=False)`'s list (or scalar): logs in the order of `model.metrics_names`."""
+    return _method(model, "_flatten_metrics_in_order", "evaluate's list result")(logs)
+
+
+# ------------------------------------------------------------------ inputs and logs
+
+
+def get_data_adapter(**kwargs: Any) -> Any:
+    """Keras's input adapter for what `fit` accepts (arrays, datasets, PyDatasets, generators).
+
+    The code `model.fit` itself runs to batch, shuffle, weight and convert its
+    inputs; tftrain uses it so the Trainer takes exactly the same inputs.
+    """
+    function = _attribute("keras.src.trainers.data_adapters", "get_data_adapter", "fit's inputs")
+    return function(**kwargs)
+
+
+def train_validation_split(arrays: Any, validation_split: float) -> Any:
+    """`fit`'s `validation_split`: the last fraction of the arrays becomes validation data."""
+    function = _attribute(
+        "keras.src.trainers.data_adapters.array_slicing", "train_validation_split", "validation_split"
+    )
+    return function(arrays, validation_split=validation_split)
+
+
+def pythonify_logs(logs: Any) -> dict[str, Any]:
+    """Keras's conversion of logs for callbacks: nested dicts flattened, values to floats where possible."""
+    return _attribute("keras.src.utils.python_utils", "pythonify_logs", "logs as fit returns them")(logs)
+
+
+def py_dataset_class() -> type:
+    """`keras.utils.PyDataset` (public), here so every input type check lives in one module."""
+    return keras.utils.PyDataset
+
+
+def batches_read_for_spec() -> int:
+    """How many batches Keras reads from a PyDataset or generator to learn its tensor spec."""
+    return _attribute(
+        "keras.src.trainers.data_adapters.data_adapter_utils",
+        "NUM_BATCHES_FOR_TENSOR_SPEC",
+        "naming the PyDataset index that failed",
+    )
+
+
+# ------------------------------------------------------------------ predict
+
+
+def concat_replica_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
+    """Per-replica predictions -> one batch in example order (TPU and multi-worker orders included).
+
+    `predict` concatenates replica outputs the way Keras's TensorFlow trainer
+    does (`reduce_per_replica(..., "concat")`), which knows each strategy's
+    replica order.
+    """
+    reduce = _attribute("keras.src.backend.tensorflow.trainer", "reduce_per_replica", "predict")
+    return reduce(outputs, strategy, reduction="concat")
+
+
+def concat_batches(batches: list[Any]) -> Any:
+    """`predict`'s join of per-batch outputs: NumPy where shapes agree, ragged where they do not."""
+    function = _attribute("keras.src.backend.tensorflow.trainer", "potentially_ragged_concat", "predict")
+    return function(batches)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def trackable_object_graph() -> Any:
+    """An empty `TrackableObjectGraph` proto, to read the object graph stored in a checkpoint.
+
+    TensorFlow has no public reader of a checkpoint's object graph; tftrain
+    walks it to check a checkpoint against the live model before restoring.
+    """
+    proto = _attribute(
+        "tensorflow.core.protobuf.trackable_object_graph_pb2",
+        "TrackableObjectGraph",
+        "checking a checkpoint before restoring it",
+    )
+    return proto()
+
+
+def dataset_graph_nodes(dataset: tf.data.Dataset) -> list[Any]:
+    """The nodes (`NodeDef`s) of a `tf.data` pipeline's graph, its functions' bodies (map, filter, ...) included.
+
+    tf.data has no public view of a pipeline's transformations; tftrain reads
+    them to choose how a checkpoint keeps the pipeline's position (which ops
+    can be saved symbolically, and whether every pass reads the same order).
+    """
+    serialize = _method(dataset, "_as_serialized_graph", "choosing how to checkpoint the data position")
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(serialize().numpy())
+    nodes = list(graph.node)
+    for function in graph.library.function:
+        nodes.extend(function.node_def)
+    return nodes
+
+
+# ------------------------------------------------------------------ multi-worker preemption
+
+_PREEMPTION = "checkpointing all workers on preemption"
+_FAILURE_HANDLING = "tensorflow.python.distribute.failure_handling.failure_handling"
+
+
+def coordination_context() -> Any:
+    """TensorFlow's eager context, whose coordination service shares keys and barriers between workers.
+
+    `tf.distribute.experimental.PreemptionCheckpointHandler` talks to the
+    workers through it; tftrain uses the same store to clear the handler's
+    keys between runs and to tell every worker which signal arrived.
+    """
+    context = _attribute("tensorflow.python.eager.context", "context", _PREEMPTION)()
+    for name in (
+        "set_config_key_value",
+        "get_config_key_value",
+        "delete_config_key_value",
+        "wait_at_barrier",
+    ):
+        _method(context, name, _PREEMPTION)
+    if not hasattr(context, "coordination_service"):
+        raise _missing("`Context.coordination_service`", _PREEMPTION)
+    return context
+
+
+def preemption_handler_keys(num_workers: int) -> list[str]:
+    """The coordination-service keys a `PreemptionCheckpointHandler` sets.
+
+    They outlive the handler (TensorFlow expects the job to exit after a
+    preemption); a second handler in the same job would read them as its own
+    notices, so tftrain deletes them before it creates one.
+    """
+
+    def key(name: str) -> str:
+        return _attribute(_FAILURE_HANDLING, name, _PREEMPTION)
+
+    run_keys = [key("_INITIAL_RUN_COUNT_KEY"), key("_FINAL_RUN_COUNT_KEY")]
+    acknowledged = [f"{key('_ACKNOWLEDGE_KEY')}_{run}_{i}" for run in run_keys for i in range(num_workers)]
+    return [key("_PREEMPTION_WORKER_KEY"), *run_keys, *acknowledged]
+
+
+def preemption_handler_coordinates(handler: Any) -> bool:
+    """Whether a `PreemptionCheckpointHandler` shares notices between workers.
+
+    TensorFlow makes it local (no cluster) or inert (GCP CPU and TPU VMs)
+    where it does not apply; then it must not be relied on.
+    """
+    if not hasattr(handler, "_local_mode"):
+        raise _missing("`PreemptionCheckpointHandler._local_mode`", _PREEMPTION)
+    return not handler._local_mode
+
+
+def stop_preemption_handler(handler: Any) -> None:
+    """Stops a `PreemptionCheckpointHandler`'s watcher threads.
+
+    TensorFlow stops them only when it saves for a preemption or in `__del__`,
+    which never runs while the threads hold the handler; a run that ends
+    normally must stop them itself.
+    """
+    _method(handler, "_stop_poll_termination_signal_thread", _PREEMPTION)()
+    _method(handler, "_stop_cluster_wise_termination_watcher_thread", _PREEMPTION)()
+
+
+# ------------------------------------------------------------------ asynchronous checkpoints
+
+_ASYNC = "asynchronous checkpoint saving"
+
+
+def check_async_checkpoint_support() -> None:
+    """Raises `KerasInternalsError` unless TensorFlow's asynchronous checkpointing can serve Keras models."""
+    if not hasattr(tf.train.CheckpointOptions(), "experimental_enable_async_checkpoint"):
+        raise _missing("`tf.train.CheckpointOptions(experimental_enable_async_checkpoint=...)`", _ASYNC)
+    _method(tf.train.Checkpoint, "_async_checkpointer", _ASYNC)
+    _method(tf.train.Checkpoint, "sync", _ASYNC)
+
+
+def async_checkpoint_options(root: tf.train.Checkpoint) -> tf.train.CheckpointOptions:
+    """Options that make `root`'s saves asynchronous, working around a Keras 3 incompatibility.
+
+    TensorFlow copies the variables to host memory in a `tf.function`; a Keras
+    3 variable makes a new `tf.Variable` at each copy, which a traced function
+    refuses from its second save on. Running the copy eagerly keeps every save
+    working (the copy is a few assignments; the file write stays in the
+    background thread).
+    """
+    helper = _method(root, "_async_checkpointer", _ASYNC)()
+    copy = _method(type(helper), "_copy_to_cpu", _ASYNC)
+    eager_copy = getattr(copy, "python_function", None)
+    if eager_copy is None:
+        raise _missing("`AsyncCheckpointHelper._copy_to_cpu.python_function`", _ASYNC)
+    helper._copy_to_cpu = functools.partial(eager_copy, helper)
+    return tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+
+
+def wait_for_async_checkpoint(root: tf.train.Checkpoint) -> None:
+    """Waits for `root`'s pending asynchronous save; raises the error it met, if any.
+
+    `tf.train.Checkpoint.sync` waits but leaves a failed write's error for the
+    next save to raise; a run that ends or stops needs it now.
+    """
+    helper = getattr(root, "_async_checkpointer_impl", None)
+    if helper is not None:
+        root.sync()
+        _method(helper, "_check_async_thread_error", _ASYNC)()
+
+
+def stop_async_checkpoint(root: tf.train.Checkpoint) -> None:
+    """Waits for `root`'s pending asynchronous save and stops its writer thread.
+
+    TensorFlow stops the thread, and frees the host copies of the variables,
+    only at interpreter exit; a checkpoint root that is replaced must stop its
+    own, or each replacement leaves a thread and a copy of the model behind.
+    """
+    helper = getattr(root, "_async_checkpointer_impl", None)
+    if helper is not None:
+        join = _method(helper, "_join_async_save_thread", _ASYNC)
+        atexit.unregister(join)
+        join()

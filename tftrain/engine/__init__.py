@@ -1,0 +1,13 @@
+"""Engines: one training step under eager, `tf.function`, XLA, or k steps per host call.
+
+- `step_loop`: `make_loop` (the one place that decides how a step runs) and
+  `StepLoop`, whose `dispatch` starts a host call and reads its results once.
+- `graph_loops`: the in-graph k-step loop and the single-step call, written
+  as graph code (never converted by AutoGraph).
+- `auto_steps`: `steps_per_loop="auto"`, k chosen from measured call times.
+- `model_setup`, `strategy_checks`: what is checked and built on the model
+  and strategy before the first trace.
+
+May import: `tftrain.data`, `timing`, `distribute`, `model`, `options`,
+`compat`, `errors`. Never the checkpoint, services or loops layers.
+"""

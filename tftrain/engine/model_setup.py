@@ -1,0 +1,89 @@
+"""What the Trainer checks and builds on a model before its first step.
+
+The default steps (Keras's and `CustomModel`'s) need a compiled model; data
+must fit the model and the strategy; variables are created before the first
+trace, as `model.fit` creates them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain.compat import keras_internals
+from tftrain.data import fit_checks, inputs
+from tftrain.engine import strategy_checks
+from tftrain.model import CustomModel
+
+_DEFAULT_MODEL_STEPS = {
+    "train_step": (keras.Model.train_step, CustomModel.train_step),
+    "test_step": (keras.Model.test_step, CustomModel.test_step),
+}
+
+
+def uses_default_step(model: keras.Model, name: str) -> bool:
+    """Whether the model's `name` step is Keras's (or `CustomModel`'s) own, not the user's."""
+    return getattr(type(model), name) in _DEFAULT_MODEL_STEPS[name]
+
+
+def check_compiled_for(model: keras.Model, model_step: str, trainer_step: str) -> None:
+    """Raises unless a model whose default `model_step` runs is compiled (with an optimizer to train)."""
+    if not uses_default_step(model, model_step):
+        return
+    if not model.compiled:
+        raise ValueError(
+            f"The model is not compiled, and its default `{model_step}` needs a loss"
+            f"{' and an optimizer' if model_step == 'train_step' else ''}. Pass "
+            "`optimizer=` and `loss=` to `tftrain.Trainer(...)`, call `model.compile(...)`, "
+            f"or override `{model_step}` (tftrain.CustomModel) or `Trainer.{trainer_step}`."
+        )
+    if model_step == "train_step" and getattr(model, "optimizer", None) is None:
+        raise ValueError(
+            "The model was compiled without an optimizer, and its default `train_step` "
+            "needs one. Pass `optimizer=` to `tftrain.Trainer(...)` or to `model.compile`."
+        )
+
+
+def check_data(
+    model: keras.Model,
+    dataset: tf.data.Dataset,
+    argument: str,
+    strategy: tf.distribute.Strategy,
+    *,
+    default_step: bool,
+) -> None:
+    """Data checks before any step: batched, targets where the loss needs them, an even global batch."""
+    spec = dataset.element_spec
+    fit_checks.check_batched_for_model(model, spec, argument)
+    if default_step:
+        fit_checks.check_targets(model, spec, argument)
+    strategy_checks.check_global_batch(spec, strategy, argument)
+
+
+def build_variables(
+    model: keras.Model,
+    dataset: tf.data.Dataset,
+    strategy: tf.distribute.Strategy,
+    *,
+    default_train_step: bool,
+) -> None:
+    """Creates the model's, metrics' and optimizer's variables before the first trace.
+
+    Creating them inside the first `tf.function` call would trace it twice.
+    Keras's own symbolic build (what `fit` uses) does this for compiled
+    models with default steps and dense inputs; otherwise the optimizer is
+    built if it can be (and the first trace creates the rest).
+
+    Raises:
+        ValueError: the model's variables do not belong to `strategy`.
+    """
+    spec: Any = inputs.optionals_to_none(dataset.element_spec)
+    dense = all(type(leaf) is tf.TensorSpec for leaf in tf.nest.flatten(spec))
+    with strategy.scope():
+        if default_train_step and model.compiled and dense:
+            keras_internals.symbolic_build(model, spec)
+        elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+    strategy_checks.check_model_in_scope(model, strategy)

@@ -1,0 +1,474 @@
+"""Turn a step function into an engine: eager, `tf.function`, XLA, or a k-step loop.
+
+One place decides how a step runs (as Keras's `make_train_function` does):
+`make_loop(step_fn, options, strategy)` returns a `StepLoop` whose call runs
+up to `num_steps` steps on an iterator and reports how many ran. The step is
+written once; only the wrapping differs between engines. `StepLoop.dispatch`
+starts a call without waiting for the device; the returned `PendingCall`
+reads its results once, when asked, so a caller can read call n after it has
+dispatched call n+1 (the k-step loop itself is in `tftrain.engine.graph_loops`).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain import timing
+from tftrain.compat import keras_internals
+from tftrain.data import inputs
+from tftrain.engine import graph_loops
+from tftrain.loops import hooks
+from tftrain.options import EngineOptions
+
+StepFn = Callable[[Any], Any]
+
+
+def _reduce_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
+    """Per-replica step logs -> one value each (the mean over all replicas).
+
+    A worker with one device gets plain tensors back from `strategy.run`, not
+    `DistributedValues`; they are reduced too, or each worker of a multi-worker
+    run would log only its own replicas' values.
+    """
+
+    def reduce(value):
+        if isinstance(value, tf.distribute.DistributedValues | tf.Tensor | tf.Variable):
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+        return value
+
+    return tf.nest.map_structure(reduce, outputs)
+
+
+def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None:
+    """Examples in a batch as known on the host (all local replicas), or None."""
+    first = tf.nest.flatten(batch)[0]
+    if not isinstance(first, tf.distribute.DistributedValues):
+        return timing.batch_size_of(first)
+    sizes = [timing.batch_size_of(part) for part in strategy.experimental_local_results(first)]
+    return None if None in sizes else sum(sizes)
+
+
+def _nonfinite_on_host(logs: Any) -> bool:
+    values = graph_loops.loss_logs(logs)
+    return any(not np.all(np.isfinite(np.asarray(value, dtype=np.float64))) for value in values)
+
+
+class LoopResult(NamedTuple):
+    """What one call of a `StepLoop` did.
+
+    Attributes:
+        steps: Steps that ran (fewer than asked if the data ended or a loss
+            was not finite).
+        examples: Examples those steps consumed, or None where the batch size
+            is not known on the host.
+        logs: The last step's outputs (None if no step ran). For a loop
+            built with `collect=True`: every step's outputs, as a list of
+            chunks (each a structure of tensors whose rows are examples).
+        nonfinite: Whether the last step's loss (a `loss` or `*_loss` log) was
+            NaN or infinite; the loop stops right after such a step. Only set
+            when the loop was built with `stop_on_nonfinite=True`.
+    """
+
+    steps: int
+    examples: int | None
+    logs: Any
+    nonfinite: bool = False
+
+
+class PendingCall:
+    """A dispatched host call, whose device results the host reads once, in `result()`.
+
+    Attributes:
+        steps: The steps the call runs if the host knows them without reading
+            (a known number of batches was there), else None.
+        halted: In-graph flag for the next call's `after` (the call stopped at
+            a non-finite loss), or None where the call cannot pass one on.
+    """
+
+    def __init__(self, read: Callable[[], LoopResult], steps: int | None, logs: Any, halted: Any = None):
+        self._read = read
+        self._result: LoopResult | None = None
+        self.steps = steps
+        self.logs = logs
+        self.halted = halted
+
+    @property
+    def done(self) -> bool:
+        """Whether `result()` has read the call's results."""
+        return self._result is not None
+
+    def result(self) -> LoopResult:
+        """The call's `LoopResult`: waits for the device the first time (one host read)."""
+        if self._result is None:
+            self._result = self._read()
+        return self._result
+
+    def expected(self) -> LoopResult:
+        """What the call does if its loss stays finite, read from nothing (needs `steps`)."""
+        return LoopResult(self.steps, None, self.logs)
+
+
+class StepLoop:
+    """Runs up to `num_steps` steps on an iterator per call.
+
+    With `compiled` (the step is a `tf.function`) and one step per call on a
+    plain `tf.data` iterator whose batches are known to be there, a call runs
+    `graph_loops.make_single_step` through its concrete function: the batch
+    is read in the graph (with `jit_compile`, in Python, and the whole call
+    is compiled).
+
+    Attributes:
+        step: The compiled single step (`batch -> logs`).
+        trace_counter: Counts traces of the step.
+        in_graph: Whether the steps of one call run inside one `tf.function`.
+    """
+
+    def __init__(
+        self,
+        step: StepFn,
+        trace_counter: timing.TraceCounter,
+        in_graph: bool,
+        strategy: tf.distribute.Strategy,
+        stop_on_nonfinite: bool = False,
+        collect: bool = False,
+        compiled: bool = False,
+        jit_compile: bool = False,
+    ):
+        self.step = step
+        self.trace_counter = trace_counter
+        self.strategy = strategy
+        self.stop_on_nonfinite = stop_on_nonfinite
+        self.collect = collect
+        self.in_graph = in_graph
+        self._loop_traces = 0
+        self._graph_loop = None
+        if in_graph and collect:
+            self._graph_loop = graph_loops.make_collecting_graph_loop(step, strategy)
+        elif in_graph:
+            self._graph_loop = graph_loops.make_graph_loop(
+                step, strategy, stop_on_nonfinite, self._count_trace
+            )
+        self._single_step = None
+        self._single_step_on_batch = jit_compile  # the XLA single step takes the batch, not the iterator
+        if compiled and not in_graph and not collect:
+            self._single_step = graph_loops.make_single_step(
+                step, stop_on_nonfinite, self._count_trace, jit_compile=jit_compile
+            )
+        # Per iterator, held weakly (a finished pass's iterator and its buffers are
+        # freed): the concrete functions by call kind (`_concrete`), and whether
+        # the single step suits it.
+        self._concrete_calls: dict[Any, tuple[Any, Any]] = {}
+        self._suits: tuple[Any, bool] | None = None
+        self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
+        self._num_steps_cache: dict[int, tf.Tensor] = {}
+        self._not_halted = tf.constant(False)  # `halted` for a call after a read one
+
+    def _count_trace(self) -> None:
+        self._loop_traces += 1
+
+    @property
+    def traces(self) -> int:
+        """Traces of the step and of the loop around it (a call that traced is not steady state)."""
+        return self.trace_counter.count + self._loop_traces
+
+    @property
+    def pipelines(self) -> bool:
+        """Whether a call can be dispatched before the previous call's results are read (`dispatch`'s `after`)."""
+        return self._graph_loop is not None and not self.collect
+
+    def _dense_outputs(self, iterator: Any) -> bool:
+        concrete = self.step.get_concrete_function(iterator.element_spec)
+        specs = tf.nest.flatten(tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs))
+        return all(type(spec) is tf.TensorSpec for spec in specs)
+
+    @staticmethod
+    def peek(iterator: Iterator[Any]) -> Any:
+        """The iterator's next batch as a `tf.experimental.Optional` (empty at the end of the data).
+
+        For data whose end no count announces: the caller learns whether a
+        step can run before it calls a batch hook, and passes the Optional
+        on as `first` so the batch is trained on, not lost.
+        """
+        return iterator.get_next_as_optional()
+
+    def _count(self, num_steps: int) -> tf.Tensor:
+        # A cached tensor: passing a fresh Python int would retrace each call.
+        count = self._num_steps_cache.get(num_steps)
+        if count is None:
+            count = self._num_steps_cache[num_steps] = tf.constant(num_steps, tf.int32)
+        return count
+
+    def __call__(self, iterator: Iterator[Any], num_steps: int, first: Any = None) -> LoopResult:
+        """Runs the steps and reads their results (`dispatch(...).result()`).
+
+        Args:
+            iterator: A `tf.data` (or distributed) iterator.
+            num_steps: The most steps to run; fewer run if the data ends.
+            first: A non-empty Optional from `peek`: the first step's batch.
+
+        Returns:
+            A `LoopResult`.
+        """
+        return self.dispatch(iterator, num_steps, first).result()
+
+    def dispatch(
+        self,
+        iterator: Iterator[Any],
+        num_steps: int,
+        first: Any = None,
+        *,
+        available: bool = False,
+        after: PendingCall | None = None,
+    ) -> PendingCall:
+        """Starts the steps without waiting for the device; `result()` of the returned call reads them.
+
+        Args:
+            iterator: A `tf.data` (or distributed) iterator.
+            num_steps: The most steps to run; fewer run if the data ends.
+            first: A non-empty Optional from `peek`: the first step's batch.
+            available: The caller knows the iterator holds `num_steps` more
+                batches (then each step fetches its batch directly).
+            after: The previous call, if its results may still be unread:
+                this call runs no step if that one stopped at a non-finite
+                loss (needs `pipelines`; otherwise that call is read first).
+
+        Returns:
+            A `PendingCall`.
+        """
+        unread = after is not None and not after.done
+        if unread and (after.halted is None or not self.pipelines):
+            after.result()  # no in-graph way to skip this call after a non-finite one: read it now
+            unread = False
+        graph_loop = self._graph_loop
+        if self.collect and graph_loop is not None:
+            # A TensorArray holds dense tensors only: other outputs are joined on the host.
+            key = repr(iterator.element_spec)
+            if key not in self._dense_by_input:
+                self._dense_by_input[key] = self._dense_outputs(iterator)
+            if self._dense_by_input[key]:
+                steps, examples, outputs = graph_loop(iterator, self._count(num_steps), first)
+                return PendingCall(lambda: _collected(steps, examples, outputs), None, None)
+            graph_loop = None
+        if graph_loop is None:
+            if num_steps == 1 and (available or first is not None) and self._single_step_suits(iterator):
+                return self._single_call(iterator, first)
+            return self._host_call(iterator, num_steps, first)
+        counted = available and first is None and isinstance(iterator, tf.data.Iterator)
+        halted = after.halted if unread else self._not_halted
+        args = (iterator, self._count(num_steps), halted, first, counted)
+        counts, nonfinite, outputs = self._concrete(
+            ("loop", first is not None, counted), iterator, graph_loop, *args
+        )(*args)
+
+        def read() -> LoopResult:
+            steps, examples, flagged = (int(value) for value in counts.numpy())
+            if steps == 0:
+                return LoopResult(0, 0, None)
+            logs = outputs if not isinstance(outputs, tf.experimental.Optional) else outputs.get_value()
+            return LoopResult(steps, examples, logs, bool(flagged))
+
+        logs = outputs if not isinstance(outputs, tf.experimental.Optional) else None
+        return PendingCall(read, num_steps if counted and logs is not None else None, logs, nonfinite)
+
+    def _single_step_suits(self, iterator: Any) -> bool:
+        """Whether the in-graph single step can run on this iterator (a plain `tf.data` one, batched)."""
+        if self._single_step is None or not isinstance(iterator, tf.data.Iterator):
+            return False
+        if self._suits is None or self._suits[0]() is not iterator:  # decided once per iterator
+            first_spec = tf.nest.flatten(iterator.element_spec)[0]
+            suits = type(first_spec) is tf.TensorSpec and first_spec.shape.rank not in (None, 0)
+            self._suits = (weakref.ref(iterator), suits)
+        return self._suits[1]
+
+    def _concrete(self, key: Any, iterator: Any, function: Any, *trace_args: Any) -> Any:
+        """`function`'s concrete function for `trace_args`, kept while the iterator is the same.
+
+        A `tf.function` call matches its arguments against its traces again at
+        every call, which costs more host time than a step of a small model
+        (docs/benchmarks.md); calling the concrete function skips that. `key`
+        names the call's kind and its Python arguments (a trace exists per value).
+        """
+        cached = self._concrete_calls.get(key)
+        if cached is None or cached[0]() is not iterator:
+            cached = (weakref.ref(iterator), function.get_concrete_function(*trace_args))
+            self._concrete_calls[key] = cached
+        return cached[1]
+
+    def _single_call(self, iterator: tf.data.Iterator, first: Any) -> PendingCall:
+        if self._single_step_on_batch:
+            batch = next(iterator) if first is None else first.get_value()
+            # Traced on the iterator's spec: a short last batch needs no new trace.
+            counts, logs = self._concrete("single", iterator, self._single_step, iterator.element_spec)(batch)
+        else:
+            key = ("single", first is not None)
+            counts, logs = self._concrete(key, iterator, self._single_step, iterator, first)(iterator, first)
+
+        def read() -> LoopResult:
+            _, examples, flagged = (int(value) for value in counts.numpy())
+            return LoopResult(1, examples, logs, bool(flagged))
+
+        return PendingCall(read, 1, logs)
+
+    def _host_call(self, iterator: Iterator[Any], num_steps: int, first: Any) -> PendingCall:
+        result = _host_loop(
+            self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite, self.collect, first
+        )
+        if self.collect or not self.stop_on_nonfinite or not result.steps or result.nonfinite:
+            return PendingCall(lambda: _waited(result), result.steps, result.logs)
+        # The last step's loss is read with the result: that read is the call's one wait for the device.
+        return PendingCall(
+            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs)), result.steps, result.logs
+        )
+
+
+def _waited(result: LoopResult) -> LoopResult:
+    hooks.block_until_ready(result.logs)
+    return result
+
+
+def _collected(steps: tf.Tensor, examples: tf.Tensor, outputs: Any) -> LoopResult:
+    steps = int(steps)
+    if steps == 0:
+        return LoopResult(0, 0, None)
+    return LoopResult(steps, int(examples), [outputs])
+
+
+def _host_loop(
+    step: StepFn,
+    iterator: Iterator[Any],
+    num_steps: int,
+    strategy: tf.distribute.Strategy,
+    stop_on_nonfinite: bool,
+    collect: bool,
+    first: Any,
+) -> LoopResult:
+    steps, examples, logs, collected = 0, 0, None, []
+    for index in range(num_steps):
+        if first is not None:
+            batch, first = first.get_value(), None
+        else:
+            try:
+                batch = next(iterator)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                break
+        logs = step(batch)
+        steps += 1
+        if collect:
+            collected.append(logs)
+        size = _host_batch_size(batch, strategy)
+        examples = None if examples is None or size is None else examples + size
+        # The last step's loss is tested with the call's result (`StepLoop._host_call`).
+        if stop_on_nonfinite and index + 1 < num_steps and _nonfinite_on_host(logs):
+            return LoopResult(steps, examples, logs, True)
+    return LoopResult(steps, examples, collected if collect else logs)
+
+
+def _keras_batch(step_fn: StepFn) -> StepFn:
+    """The step, given batches as Keras's steps get them (empty Optionals as None)."""
+
+    @functools.wraps(step_fn)
+    def step(batch):
+        return step_fn(inputs.optionals_to_none(batch))
+
+    return step
+
+
+def _counted(step_fn: StepFn, step_counter: tf.Variable) -> StepFn:
+    """The step, preceded by one increment of the step counter (once per step, not per replica)."""
+
+    @functools.wraps(step_fn)
+    def step(batch):
+        step_counter.assign_add(1)
+        return step_fn(batch)
+
+    return step
+
+
+def make_loop(
+    step_fn: StepFn,
+    options: EngineOptions,
+    strategy: tf.distribute.Strategy | None = None,
+    name: str = "train_step",
+    stop_on_nonfinite: bool = False,
+    collect: bool = False,
+    step_counter: tf.Variable | None = None,
+) -> StepLoop:
+    """Builds the engine for one step function.
+
+    Args:
+        step_fn: `batch -> dict of logs`, written for one replica.
+        options: The engine.
+        strategy: Runs the step on each replica (`strategy.run`) and averages
+            per-replica outputs. None means the current strategy.
+        name: The step's name for trace warnings.
+        stop_on_nonfinite: Stop a call right after a step whose loss (a
+            `loss` or `*_loss` log) is NaN or infinite, and flag it in the
+            result (an in-graph check inside a k-step loop).
+        collect: Keep every step's outputs, not only the last (`predict`):
+            replica outputs are concatenated in example order rather than
+            averaged, and a k-step call joins its steps' outputs in the graph.
+        step_counter: An integer variable (the run's global step) incremented
+            in the graph before each step, so `tf.summary` calls inside the
+            step see the number of the step they belong to (1-based).
+
+    Returns:
+        A `StepLoop`.
+
+    Raises:
+        ValueError: XLA was asked for under a strategy over several CPU devices.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    counter = timing.TraceCounter(name)
+    in_graph = options.in_graph_loop
+    step_fn = _keras_batch(step_fn)
+
+    # Without a strategy, `strategy.run` only adds host work (autograph
+    # conversion, replica-context push/pop), which is felt in eager mode.
+    single_device = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    if single_device:
+        step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
+        if options.use_tf_function:
+            step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
+        return StepLoop(
+            step,
+            counter,
+            in_graph,
+            strategy,
+            stop_on_nonfinite,
+            collect,
+            compiled=options.use_tf_function,
+            jit_compile=options.jit_compile,
+        )
+
+    devices = strategy.extended.worker_devices
+    if options.jit_compile and len(devices) > 1 and all("CPU" in device.upper() for device in devices):
+        raise ValueError(
+            "Invalid combination of arguments. Received: jit_compile=True with a strategy over "
+            f"{len(devices)} CPU devices ({', '.join(devices)}). XLA cannot run one replica per "
+            "logical CPU device: TensorFlow places every compiled replica on the first CPU, away "
+            "from its variables. Expected jit_compile=False here; XLA works under a strategy "
+            "over GPUs or TPUs, or on one CPU device."
+        )
+    # XLA compiles the per-replica step: a cluster cannot span the replicas'
+    # devices, so `strategy.run` and the cross-replica reduction stay outside it.
+    replica_step = step_fn
+    if options.jit_compile:
+        replica_step = tf.function(step_fn, reduce_retracing=True, jit_compile=True)
+
+    def replicated_step(batch):
+        outputs = strategy.run(replica_step, args=(batch,))
+        if collect:
+            return keras_internals.concat_replica_outputs(outputs, strategy)
+        return _reduce_outputs(outputs, strategy)
+
+    # Counted in the cross-replica context, outside `strategy.run`: once per step, not per replica.
+    step = counter.wrap(replicated_step if step_counter is None else _counted(replicated_step, step_counter))
+    if options.use_tf_function:
+        step = tf.function(step, reduce_retracing=True)
+    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)

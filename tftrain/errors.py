@@ -1,0 +1,102 @@
+"""Every public exception of tftrain, in one place.
+
+Each is also importable from the module that raises it (e.g.
+`tftrain.checkpoint.CheckpointError`); this module imports nothing from
+tftrain, so every layer can raise them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "DatasetUnavailableError",
+    "EvaluationTimeoutError",
+    "IncompatibleCheckpointError",
+    "KerasInternalsError",
+    "ModelDirInUseError",
+    "NonFiniteLossError",
+    "NonFiniteStateError",
+    "PreemptedError",
+    "StrategySetupError",
+]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training step produced a NaN or infinite loss; training stopped at that step."""
+
+
+class PreemptedError(RuntimeError):
+    """Training stopped on a preemption signal (e.g. SIGTERM) after saving a checkpoint at that step.
+
+    Rerunning the same `fit` on the same `model_dir` resumes from that
+    checkpoint exactly. A job script typically catches it and exits, so the
+    scheduler restarts it.
+
+    Attributes:
+        signal_number: The signal that arrived (in a multi-worker run, the
+            one that reached a worker first; every worker reports it), or
+            None if it could not be learnt from the worker it reached.
+        step: The global step at which the run stopped (the same on every worker).
+        checkpoint: The checkpoint written for that step (in a multi-worker
+            run, the chief's, in `model_dir/checkpoints`).
+    """
+
+    def __init__(self, message: str, *, signal_number: int | None, step: int, checkpoint: str | None):
+        super().__init__(message)
+        self.signal_number = signal_number
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be used."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """No recorded checkpoint in a directory can be read."""
+
+
+class IncompatibleCheckpointError(CheckpointError, ValueError):
+    """A checkpoint does not fit the model (variables missing, extra, or of another shape)."""
+
+
+class NonFiniteStateError(CheckpointError, FloatingPointError):
+    """Training state holds NaN or infinite values, so it is not checkpointed."""
+
+
+class ModelDirInUseError(RuntimeError):
+    """Another live process is writing to the same `model_dir`."""
+
+
+class DatasetUnavailableError(RuntimeError):
+    """A tensorflow-datasets dataset is not prepared in its `data_dir` and could not be downloaded.
+
+    Attributes:
+        name: The dataset name.
+        data_dir: The tensorflow-datasets data directory that was searched.
+    """
+
+    def __init__(self, message: str, *, name: str | None = None, data_dir: str | None = None):
+        super().__init__(message)
+        self.name = name
+        self.data_dir = data_dir
+
+    def __reduce__(self):
+        return _unavailable_error, (str(self), self.name, self.data_dir)
+
+
+class EvaluationTimeoutError(TimeoutError):
+    """No new checkpoint arrived in a `model_dir` within the evaluator's timeout."""
+
+
+class StrategySetupError(RuntimeError):
+    """The requested strategy cannot be set up (no TPU found, devices already initialized)."""
+
+
+class KerasInternalsError(RuntimeError):
+    """The installed Keras or TensorFlow lacks a private API tftrain relies on."""
+
+
+def _unavailable_error(message: str, name: str | None, data_dir: str | None) -> DatasetUnavailableError:
+    return DatasetUnavailableError(message, name=name, data_dir=data_dir)

@@ -1,0 +1,179 @@
+"""The outer loop of one `Trainer.fit`: its progress and the services around the steps.
+
+A `TrainingRun` (built by `tftrain.loops.run_setup.start_run`) tells the loop where
+a host call must end (the nearest service boundary), so a `steps_per_loop`
+call never jumps over one, reads each call's results one call late, and calls
+the services after it. `run_pass` runs one epoch of host calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tftrain import checkpoint as checkpoint_lib
+from tftrain.data import inputs
+from tftrain.engine import step_loop
+from tftrain.services.protocol import Service
+from tftrain.services.timing_state import TimingService
+
+__all__ = ["TrainingRun"]
+
+
+class TrainingRun:  # implements tftrain.services.protocol.RunState
+    """The outer loop's state in one `fit`: the progress, and the services around the steps.
+
+    Args:
+        plan: The training data plan (for the iterator a checkpoint saves).
+        progress: Where the run starts (restored or fresh).
+        services: Called in order after each host call and at each epoch end
+            (the NaN guard first, the checkpoint after the summaries).
+        checkpointer: The run's checkpoints, or None.
+        timing_service: The service that keeps the timing state and trace count, or None.
+        total_steps: The run's step budget, or None.
+    """
+
+    def __init__(
+        self,
+        plan: inputs.EpochPlan,
+        progress: checkpoint_lib.Progress,
+        services: list[Service],
+        *,
+        checkpointer: checkpoint_lib.Checkpointer | None = None,
+        timing_service: TimingService | None = None,
+        total_steps: int | None = None,
+    ):
+        self.plan = plan
+        self.total_steps = total_steps
+        self.progress = progress
+        self.services = list(services)
+        self.checkpointer = checkpointer
+        self.timing_service = timing_service
+        self.resumed = progress.global_step > 0 or progress.epoch > 0
+        self.epoch_steps: int | None = None  # steps in the current epoch, if known
+        self.timer = timing_service.timer if timing_service is not None else None
+        self._unread: tuple[step_loop.PendingCall, bool] | None = None  # filed, results not read yet
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has trained its step budget (never, without one)."""
+        return self.total_steps is not None and self.progress.global_step >= self.total_steps
+
+    def trace_count(self) -> int:
+        """Traces of the training step in this run (a resumed run adds the checkpointed count)."""
+        return self.timing_service.trace_count() if self.timing_service is not None else 0
+
+    def data_position(self) -> tuple[Any, int]:
+        """The iterator the next training step reads from, and the batches read in its pass so far.
+
+        The iterator first: at an epoch end it starts the next pass, which has read no batch yet.
+        """
+        iterator = self.plan.next_iterator()
+        return iterator, self.plan.batches_in_pass(self.progress.step_in_epoch)
+
+    def report_validation(self, logs: dict[str, Any]) -> None:
+        """Tells every service of a validation taken at the current step (`Service.validated`)."""
+        for service in self.services:
+            service.validated(self, logs)
+
+    def latest_checkpoint(self) -> str | None:
+        """The newest checkpoint of the run, or None."""
+        return self.checkpointer.latest if self.checkpointer is not None else None
+
+    def service_states(self) -> dict[str, Any]:
+        """Every service's state, by name (saved with a checkpoint)."""
+        states = {service.name: service.state_dict() for service in self.services}
+        return {name: state for name, state in states.items() if state is not None}
+
+    def steps_allowed(self, wanted: int) -> int:
+        """`wanted`, shortened so that the host call ends at the next service boundary."""
+        done = self.progress.global_step
+        for service in self.services:
+            stop = service.next_stop(done)
+            if stop is not None:
+                wanted = min(wanted, stop - done)
+        return max(wanted, 1)
+
+    def ends_at_boundary(self, steps: int) -> bool:
+        """Whether a call of `steps` steps from here ends where a service acts (a save, a summary, ...)."""
+        done = self.progress.global_step
+        return any(service.next_stop(done) == done + steps for service in self.services)
+
+    def file_unread(self, call: step_loop.PendingCall, traced: bool) -> step_loop.LoopResult:
+        """Files a dispatched call before its results are read: its steps count, its check waits for `settle`.
+
+        The services run as after any call (no service acts at its last step:
+        the caller checked `ends_at_boundary`); the NaN guard's check and the
+        call's time come when `settle` reads the results.
+
+        Returns:
+            The `LoopResult` the services saw (the call's expected steps, logs not read).
+        """
+        result = call.expected()
+        self._unread = (call, traced)  # first: a service that saves now (a preemption) settles it
+        self.after_call(result, read=False)
+        return result
+
+    def settle(self, next_call_traced: bool = False) -> None:
+        """Reads the unread call's results, if any: files its time, and raises if its loss was not finite.
+
+        Called after the next call was dispatched (so the read overlaps it),
+        before any checkpoint is written, and at the end of a pass.
+
+        Args:
+            next_call_traced: The call dispatched since traced: the unread
+                call's time (which ends at this read) holds that trace, so it
+                is not a steady-state time.
+
+        Raises:
+            NonFiniteLossError: the call stopped at a non-finite loss (named
+                by its global step; the next call, dispatched after it, ran
+                no step).
+        """
+        if self._unread is None:
+            return
+        call, traced = self._unread
+        self._unread = None
+        result = call.result()
+        if self.timer is not None:
+            self.timer.end_call(result.steps, result.examples, traced=traced or next_call_traced)
+        missing = call.steps - result.steps  # the steps after a non-finite one did not run
+        self.progress.global_step -= missing
+        self.progress.step_in_epoch -= missing
+        for service in self.services:
+            service.results_read(self, result)
+
+    def before_call(self) -> None:
+        """Runs the services' `before_call` (the profiler starts at its window)."""
+        for service in self.services:
+            service.before_call(self)
+
+    def after_call(self, result: step_loop.LoopResult, *, read: bool = True) -> None:
+        """Files a host call: counts its steps, then runs the services (NaN guard first).
+
+        Args:
+            result: What the call did.
+            read: Whether its results were read (else `settle` reads them later).
+
+        Raises:
+            NonFiniteLossError: the last step's loss is NaN or infinite.
+        """
+        self.progress.global_step += result.steps
+        self.progress.step_in_epoch += result.steps
+        if read:
+            for service in self.services:
+                service.results_read(self, result)
+        for service in self.services:
+            service.after_call(self, result)
+
+    def end_epoch(self, epoch_logs: dict[str, Any]) -> None:
+        """Moves the progress to the next epoch and runs the services (summaries, then the checkpoint)."""
+        self.settle()
+        self.progress.epoch += 1
+        self.progress.step_in_epoch = 0
+        for service in self.services:
+            service.end_epoch(self, epoch_logs)
+
+    def close(self) -> None:
+        """Closes every service (the profiler stops, writers flush, scratch copies go)."""
+        for service in self.services:
+            service.close()

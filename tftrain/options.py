@@ -1,0 +1,353 @@
+"""Options and argument checks: every check of a user's argument, in one place.
+
+The frozen option dataclasses (`EngineOptions`: how a step runs;
+`RunOptions`: what a `fit` writes and guards around its steps) validate
+themselves on construction, without touching the filesystem. Every check
+raises in Keras's form: "Invalid value for argument `x`. Received: x=...
+Expected ...".
+
+A bottom layer: imports only `tftrain.compat` and `tftrain.errors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain.compat import keras_internals
+
+__all__ = [
+    "EngineOptions",
+    "RunOptions",
+    "check_directory_path",
+    "check_every_steps",
+    "check_int",
+    "check_profile_steps",
+    "check_validation_freq",
+    "check_validation_split",
+    "check_verbose",
+]
+
+
+def check_int(
+    argument: str, value: Any, minimum: int = 1, *, optional: bool = False, meaning: str = ""
+) -> Any:
+    """Returns `value` if it is an integer >= `minimum` (or None, if `optional`); else raises.
+
+    Args:
+        argument: The argument's name, for the message.
+        value: What was received. A bool is not an integer here.
+        minimum: The smallest valid value.
+        optional: Whether None is valid.
+        meaning: What the value means, appended to the message (e.g. "(1 = one
+            step per host call)").
+
+    Returns:
+        `value`, unchanged.
+
+    Raises:
+        ValueError: `value` is not valid.
+    """
+    if value is None and optional:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        expected = f"{'None or ' if optional else ''}an integer >= {minimum}"
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={value!r}. "
+            f"Expected {expected}{' ' + meaning if meaning else ''}."
+        )
+    return value
+
+
+def check_verbose(verbose: int | str) -> int:
+    if verbose == "auto":
+        return 1
+    if verbose in (0, 1, 2) and not isinstance(verbose, bool):
+        return int(verbose)
+    raise ValueError(
+        f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. "
+        'Expected 0 (silent), 1 (progress bar), 2 (one line per epoch) or "auto".'
+    )
+
+
+def check_every_steps(value: Any, argument: str) -> None:
+    """Raises ValueError unless `value` is None or an integer >= 1."""
+    check_int(argument, value, optional=True)
+
+
+def check_profile_steps(profile_steps: Any, total_steps: int | None = None) -> tuple[int, int] | None:
+    """Validates a profiler window `(start, stop)` of 1-based training steps, both included.
+
+    Args:
+        profile_steps: None or a pair of integers with 1 <= start <= stop.
+        total_steps: Steps the run will train, if known: the window must end
+            within them.
+
+    Returns:
+        The window as a tuple, or None.
+
+    Raises:
+        ValueError: a malformed window, or one that ends after the run.
+    """
+    if profile_steps is None:
+        return None
+    window = tuple(profile_steps) if isinstance(profile_steps, (tuple, list)) else None
+    if (
+        window is None
+        or len(window) != 2
+        or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in window)
+        or not 1 <= window[0] <= window[1]
+    ):
+        raise ValueError(
+            f"Invalid value for argument `profile_steps`. Received: profile_steps={profile_steps!r}. "
+            "Expected a pair (start, stop) of training steps with 1 <= start <= stop, e.g. (10, 20) "
+            "profiles steps 10 to 20."
+        )
+    start, stop = int(window[0]), int(window[1])
+    if total_steps is not None and stop > total_steps:
+        raise ValueError(
+            f"Invalid value for argument `profile_steps`. Received: profile_steps={profile_steps!r}, "
+            f"but this run trains only {total_steps} steps. Expected stop <= {total_steps}."
+        )
+    return start, stop
+
+
+def check_validation_split(value: Any) -> float:
+    """`validation_split` as `model.fit` takes it: a number in `[0, 1)`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ValueError(
+            f"Invalid value for argument `validation_split`. Received: validation_split={value!r}. "
+            "Expected a fraction in [0, 1) of the array inputs to hold out for validation."
+        )
+    return value
+
+
+def check_validation_freq(value: Any) -> int | list[int]:
+    """`validation_freq` as `model.fit` takes it: an integer >= 1 (every n epochs) or a list of epochs (1-based)."""
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int) and value >= 1:
+        return value
+    elif isinstance(value, list | tuple) and all(
+        isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 1 for epoch in value
+    ):
+        return list(value)
+    raise ValueError(
+        f"Invalid value for argument `validation_freq`. Received: validation_freq={value!r}. Expected an "
+        "integer >= 1 (validate every n epochs) or a list of 1-based epochs to validate after, e.g. [1, 5]."
+    )
+
+
+def check_directory_path(path: Any, argument: str) -> str:
+    """Checks, without creating or writing anything, that `path` can be a writable directory.
+
+    Local paths only are checked for permissions (a remote one, e.g. `gs://`,
+    is checked when the run creates it).
+
+    Returns:
+        `path` as a string.
+
+    Raises:
+        TypeError: `path` is not a path.
+        ValueError: `path` is a file, or it (or the directory it would be
+            created in) is not writable.
+    """
+    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+        raise TypeError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}. "
+            "Expected a directory path (str or os.PathLike)."
+        )
+    path = str(path.__fspath__() if hasattr(path, "__fspath__") else path)
+    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which is a "
+            "file. Expected a directory (it is created if missing)."
+        )
+    if "://" not in path:
+        existing = os.path.abspath(path)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(
+                f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which "
+                f"cannot be written ({existing} is not writable). Expected a writable directory."
+            )
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """How a step runs.
+
+    Attributes:
+        use_tf_function: Wrap the step in `tf.function` (graph). False runs it
+            eagerly: slow, but `print` and debuggers work inside the step.
+        jit_compile: Compile the step with XLA. Needs `use_tf_function`.
+        steps_per_loop: Steps per host call. Above 1 (with `use_tf_function`),
+            a `tf.while_loop` inside one `tf.function` pulls batches from the
+            iterator, so the host is visited once per `steps_per_loop` steps.
+            `"auto"`: the same loop, with k chosen from measured call times
+            (`tftrain.engine.auto_steps`).
+    """
+
+    use_tf_function: bool = True
+    jit_compile: bool = False
+    steps_per_loop: int | str = 1
+
+    def __post_init__(self):
+        for name in ("use_tf_function", "jit_compile"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"Invalid value for argument `{name}`. Received: {name}={value!r} "
+                    f"(type {type(value).__name__}). Expected True or False."
+                )
+        if self.steps_per_loop != "auto":
+            check_int(
+                "steps_per_loop",
+                self.steps_per_loop,
+                meaning='(1 = one step per host call; e.g. 20 runs 20 steps per call inside one tf.function), or "auto"',
+            )
+        if self.jit_compile and not self.use_tf_function:
+            raise ValueError(
+                "Invalid combination of arguments. Received: jit_compile=True with "
+                "use_tf_function=False. Expected use_tf_function=True for XLA; pass "
+                "jit_compile=False to run eagerly."
+            )
+
+    @property
+    def name(self) -> str:
+        """A short name of the engine, e.g. `"graph"` or `"xla+loop20"`."""
+        if not self.use_tf_function:
+            base = "eager"
+        else:
+            base = "xla" if self.jit_compile else "graph"
+        if self.auto:
+            base += "+auto"
+        elif self.fixed_steps > 1:
+            base += f"+loop{self.steps_per_loop}"
+        return base
+
+    @property
+    def auto(self) -> bool:
+        """Whether k is chosen from measured call times (`steps_per_loop="auto"` under `tf.function`)."""
+        return self.steps_per_loop == "auto" and self.use_tf_function
+
+    @property
+    def fixed_steps(self) -> int:
+        """k where it is fixed: `steps_per_loop`, or 1 for `"auto"` without `tf.function` (eager)."""
+        return 1 if self.steps_per_loop == "auto" else self.steps_per_loop
+
+    @property
+    def in_graph_loop(self) -> bool:
+        """Whether a host call runs its steps in one `tf.function` (a `tf.while_loop` over the iterator)."""
+        return self.use_tf_function and (self.auto or self.fixed_steps > 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What a `Trainer.fit` writes and guards around its steps (see `Trainer` for each field).
+
+    Validated on construction, without touching the filesystem: `model_dir`
+    must not be a file and must be creatable; it is created when a run starts.
+
+    Raises:
+        TypeError, ValueError: a bad value, or an option that needs `model_dir` without it.
+    """
+
+    model_dir: str | None = None
+    checkpoint_every_steps: int | None = None
+    max_to_keep: int = 5
+    summary_every_steps: int | None = None
+    profile_steps: tuple[int, int] | None = None
+    terminate_on_nan: bool = True
+    preemption_signals: tuple[int, ...] = (signal.SIGTERM,)
+    best_checkpoint_monitor: str | None = None
+    best_checkpoint_mode: str = "auto"
+    resume_from: str | None = None
+    async_checkpoint: bool = False
+
+    def __post_init__(self):
+        check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
+        check_every_steps(self.summary_every_steps, "summary_every_steps")
+        check_int("max_to_keep", self.max_to_keep)
+        if not isinstance(self.terminate_on_nan, bool):
+            raise TypeError(
+                "Invalid value for argument `terminate_on_nan`. Received: "
+                f"terminate_on_nan={self.terminate_on_nan!r}. Expected True or False."
+            )
+        object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
+        object.__setattr__(self, "preemption_signals", _check_signals(self.preemption_signals))
+        monitor = self.best_checkpoint_monitor
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise ValueError(
+                f"Invalid value for argument `best_checkpoint_monitor`. Received: best_checkpoint_monitor="
+                f"{monitor!r}. Expected the name of a log, e.g. 'val_loss', or None."
+            )
+        if self.best_checkpoint_mode not in ("auto", "min", "max"):
+            raise ValueError(
+                "Invalid value for argument `best_checkpoint_mode`. Received: best_checkpoint_mode="
+                f"{self.best_checkpoint_mode!r}. Expected 'auto', 'min' or 'max'."
+            )
+        if not isinstance(self.async_checkpoint, bool):
+            raise TypeError(
+                "Invalid value for argument `async_checkpoint`. Received: "
+                f"async_checkpoint={self.async_checkpoint!r}. Expected True or False."
+            )
+        if self.async_checkpoint and self.model_dir is None:
+            raise ValueError(
+                "Invalid combination of arguments. Received: async_checkpoint=True with model_dir=None. "
+                "Expected a `model_dir` to write checkpoints to (or async_checkpoint=False)."
+            )
+        if self.async_checkpoint:
+            keras_internals.check_async_checkpoint_support()
+        if self.model_dir is None:
+            for name in (
+                "checkpoint_every_steps",
+                "summary_every_steps",
+                "profile_steps",
+                "best_checkpoint_monitor",
+                "resume_from",
+            ):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"Invalid combination of arguments. Received: {name}={getattr(self, name)!r} with "
+                        "model_dir=None. Expected a `model_dir` to write checkpoints, summaries and "
+                        "profiles to."
+                    )
+        else:
+            directory = check_directory_path(self.model_dir, "model_dir")
+            object.__setattr__(self, "model_dir", directory)
+        if self.resume_from is not None:
+            if not isinstance(self.resume_from, (str, os.PathLike)) or not str(self.resume_from):
+                raise ValueError(
+                    f"Invalid value for argument `resume_from`. Received: resume_from={self.resume_from!r}. "
+                    "Expected a checkpoint path (e.g. 'run1/checkpoints/ckpt-3000') or a directory of "
+                    "checkpoints."
+                )
+            object.__setattr__(self, "resume_from", os.fspath(self.resume_from))
+
+
+def _check_signals(value: Any) -> tuple[int, ...]:
+    """`preemption_signals` as a tuple of signal numbers (names like "SIGUSR1" accepted)."""
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, (str, int)) else tuple(value)
+    numbers = []
+    for item in items:
+        try:
+            numbers.append(int(signal.Signals[item] if isinstance(item, str) else signal.Signals(item)))
+        except (KeyError, ValueError, TypeError):
+            valid = ", ".join(
+                sorted(s.name for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2))
+            )
+            raise ValueError(
+                f"Invalid value for argument `preemption_signals`. Received: preemption_signals={value!r}. "
+                f"Expected signals (numbers or names such as {valid}), or () to keep the default handlers."
+            ) from None
+    return tuple(numbers)

@@ -1,0 +1,14 @@
+"""Services: what acts around the training steps, through one protocol.
+
+`protocol` defines `Service` (next boundary step, before/after a host call,
+epoch end, validation, state, close), `RunState` (what a service may read
+and ask of the run) and `EveryNSteps` (the one "every N steps" condition).
+Each other module is one service: the NaN guard, the step budget, periodic
+validation, the profiler window, timing, TensorBoard summaries, in-step
+summaries, checkpoints, the best checkpoint, preemption (one process and
+several workers), the writer lock and the data position.
+
+May import: `tftrain.checkpoint`, `engine`, `data`, `summaries`, `timing`,
+`options`, `compat`, `errors`. Never the loops layer or the Trainer: a
+service receives what it acts on through `RunState`.
+"""

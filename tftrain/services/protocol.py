@@ -1,0 +1,147 @@
+"""The services' protocol: `Service`, what it may read and ask of the run (`RunState`), and `EveryNSteps`.
+
+A fit loop (`tftrain.loops`) owns one run and calls its services in order:
+each service says at which global step the loop must stop next (so a k-step
+host call never jumps its boundary), acts before and after each host call,
+when a call's results are read, at each epoch end and after a periodic
+validation; it may keep state saved with every checkpoint, and releases what
+it holds at `close`. A service receives what it acts on through `RunState`
+(and its constructor's arguments), never by reaching into the loop, and never
+into another service's internals.
+
+The built-in services (`tftrain.services.*`) use this protocol and nothing
+else; `Trainer(services=[...])` adds a user's own, and
+`tftrain.callbacks` drives services from `keras.Model.fit`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tftrain.options import check_int
+
+if TYPE_CHECKING:
+    from tftrain.checkpoint import Progress
+    from tftrain.engine.step_loop import LoopResult
+
+__all__ = ["EveryNSteps", "RunState", "Service"]
+
+
+class RunState(Protocol):
+    """What a service may read and ask of the run it serves.
+
+    Attributes:
+        progress: Where the run is (`epoch`, `step_in_epoch`, `global_step`);
+            after a host call it already counts that call's steps.
+        epoch_steps: Steps in the current epoch, if known.
+        total_steps: The run's step budget (`fit(total_steps=...)`), or None.
+    """
+
+    progress: Progress
+    epoch_steps: int | None
+    total_steps: int | None
+
+    def settle(self) -> None:
+        """Reads a host call whose results were left unread (a checkpoint must hold only checked steps)."""
+
+    def data_position(self) -> tuple[Any, int]:
+        """The training iterator the next step reads from, and the batches read in its pass so far."""
+
+    def service_states(self) -> dict[str, Any]:
+        """Every service's `state_dict`, by name (what a checkpoint saves)."""
+
+    def latest_checkpoint(self) -> str | None:
+        """The run's newest checkpoint, or None."""
+
+    def report_validation(self, logs: dict[str, Any]) -> None:
+        """Tells every service (`Service.validated`) of a validation taken at the current step."""
+
+
+class Service:
+    """A service of a training run; every method has a do-nothing default.
+
+    Subclass it and override what the service needs. The methods are called
+    in the order of the run's services (the NaN guard first, the writers of
+    summaries and checkpoints last).
+
+    Attributes:
+        name: The key of the service's state in a checkpoint (unique in a run).
+
+    Example:
+        ```python
+        class ExportEvery(tftrain.services.Service):
+            name = "export"
+
+            def __init__(self, model, directory, every_steps):
+                self.model, self.directory = model, directory
+                self.when = tftrain.services.EveryNSteps(every_steps)
+
+            def next_stop(self, step):
+                return self.when.next_stop(step)  # a k-step call ends at each export
+
+            def after_call(self, run, result):
+                step = run.progress.global_step
+                if self.when.reached(step - result.steps, step):
+                    self.model.export(f"{self.directory}/{step}")
+        ```
+    """
+
+    name = "service"
+
+    def next_stop(self, step: int) -> int | None:
+        """The next global step after `step` at which a host call must end, or None."""
+        del step
+        return None
+
+    def before_call(self, run: RunState) -> None:
+        """Runs before a host call, at `run.progress`."""
+
+    def after_call(self, run: RunState, result: LoopResult) -> None:
+        """Runs after a host call; `run.progress` already counts its steps.
+
+        `result.steps` is what the call ran. Its logs may not be read yet
+        (a call whose results are read one call late); `results_read` says
+        when they are.
+        """
+
+    def results_read(self, run: RunState, result: LoopResult) -> None:
+        """Runs when a host call's device results are read: at once, or one call late."""
+
+    def end_epoch(self, run: RunState, logs: dict[str, Any]) -> None:
+        """Runs at an epoch end, after the epoch's callbacks, with its (Python) logs."""
+
+    def validated(self, run: RunState, logs: dict[str, Any]) -> None:
+        """Runs after a validation every N steps, with its logs (no `val_` prefix)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """JSON-serializable state saved with each checkpoint, or None."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a state saved by `state_dict` (on resume)."""
+
+    def close(self) -> None:
+        """Releases what the service holds (writers, the profiler, scratch files)."""
+
+
+class EveryNSteps:
+    """The "every N global steps" condition: when a service acts, apart from what it does.
+
+    Args:
+        every_steps: The cadence; None or 0 never acts.
+    """
+
+    def __init__(self, every_steps: int | None):
+        self.every_steps = check_int("every_steps", every_steps, optional=True)
+
+    def next_stop(self, step: int) -> int | None:
+        """The first multiple of N after `step` (a host call must end there), or None."""
+        if self.every_steps is None:
+            return None
+        return (step // self.every_steps + 1) * self.every_steps
+
+    def reached(self, before: int, step: int) -> bool:
+        """Whether the steps `before + 1` to `step` reached a multiple of N."""
+        if self.every_steps is None:
+            return False
+        return step // self.every_steps > before // self.every_steps

@@ -1,0 +1,78 @@
+"""`tf.summary` inside the training step: the default writer, step and cadence during `fit`.
+
+A traced step captures the default summary writer and the `record_if`
+condition when it is traced, so both (and the variables the condition reads)
+belong to the Trainer, made once and kept across its `fit` calls; a fit's
+`InStepSummaryService` only enters them while it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import tensorflow as tf
+
+from tftrain import summaries
+from tftrain.services.protocol import RunState, Service
+
+
+class InStepSummaries:
+    """The writer (`log_dir/train`) and the record condition of summaries written inside training steps.
+
+    Steps are recorded at every multiple of `every_steps` and at the last
+    step of each epoch (or of a step budget), where the Trainer's own
+    summaries are written too.
+
+    Args:
+        log_dir: The run's directory (`model_dir`).
+        global_step: The run's global step variable, incremented before each step.
+        every_steps: The summary cadence in steps, or None (epoch ends only).
+    """
+
+    def __init__(self, log_dir: str, global_step: tf.Variable, every_steps: int | None):
+        with tf.init_scope():
+            self.writer = tf.summary.create_file_writer(os.path.join(log_dir, summaries.TRAIN_RUN))
+            self.record_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="summary_record_at")
+        self.global_step = global_step
+        self.every_steps = every_steps
+
+    def should_record(self) -> tf.Tensor:
+        """Whether the current step records its summaries (read in the graph at each step)."""
+        step = tf.convert_to_tensor(self.global_step)
+        due = tf.equal(step, self.record_at)
+        if self.every_steps:
+            due = tf.logical_or(due, tf.equal(step % self.every_steps, 0))
+        return due
+
+
+class InStepSummaryService(Service):
+    """Sets the default writer, step and `record_if` for a fit's training steps; restores them at the end.
+
+    Args:
+        state: The Trainer's `InStepSummaries`.
+    """
+
+    name = "step_summaries"
+
+    def __init__(self, state: InStepSummaries):
+        self.state = state
+        self._record_at: int | None = None
+        self._contexts = contextlib.ExitStack()
+        self._contexts.enter_context(state.writer.as_default(step=state.global_step))
+        self._contexts.enter_context(tf.summary.record_if(state.should_record))
+
+    def before_call(self, run: RunState) -> None:
+        end = None
+        if run.epoch_steps is not None:
+            end = run.progress.global_step - run.progress.step_in_epoch + run.epoch_steps
+        if run.total_steps is not None:
+            end = run.total_steps if end is None else min(end, run.total_steps)
+        end = -1 if end is None else end
+        if end != self._record_at:  # one assignment per epoch, not per call
+            self.state.record_at.assign(end)
+            self._record_at = end
+
+    def close(self) -> None:
+        self._contexts.close()
+        self.state.writer.flush()
