@@ -35,7 +35,7 @@ extensions = [
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_templates", "Thumbs.db", ".DS_Store"]
 
 # Docstrings write code as Markdown does, in single backticks: render those as
 # (cross-referenced where possible) code rather than RST's default italics.
@@ -61,8 +61,24 @@ napoleon_include_init_with_doc = False
 # autodoc also finds are not described twice.
 napoleon_use_ivar = True
 
-html_theme = "alabaster"
+# pydata-sphinx-theme: a search box in the header, every page in the left
+# sidebar, the page's headings on the right. The theme's own left sidebar shows
+# only the pages under the current top-level page, and these pages are one flat
+# level under index, so _templates/sidebar-nav-site.html lists the whole site
+# (grouped by the toctree captions of index.md) instead. The page list lives in
+# that sidebar, not in the header.
+html_theme = "pydata_sphinx_theme"
 html_title = f"tftrain {release}"
+templates_path = ["_templates"]
+html_sidebars = {"**": ["sidebar-nav-site.html"]}
+html_theme_options = {
+    "navbar_center": [],
+    "secondary_sidebar_items": ["page-toc"],
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+}
 
 _FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 
