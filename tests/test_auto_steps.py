@@ -65,13 +65,13 @@ def test_auto_trains_as_one_step_per_call_does_and_chooses_k():
     history = auto.fit(data(), epochs=1, verbose=0)
     assert max_weight_difference(auto.model, one.model) < 1e-5
     assert history.history.keys() == one.model.history.history.keys()
-    chooser = auto._auto_steps["train"]
+    chooser = auto.engines.auto_steps["train"]
     assert chooser.chosen is not None and 1 <= chooser.chosen <= auto_steps.MAX_STEPS
     assert auto.chosen_steps_per_loop == chooser.chosen and one.chosen_steps_per_loop is None
     assert auto.timing.steps == 100 and auto.timing.trace_count == 1
     # The choice is kept: a second fit runs at the chosen k from its first call.
     auto.fit(data(), epochs=1, verbose=0)
-    assert auto._auto_steps["train"] is chooser
+    assert auto.engines.auto_steps["train"] is chooser
 
 
 def test_auto_keeps_one_step_per_call_for_callbacks_that_count_on_batch_hooks():
@@ -84,7 +84,7 @@ def test_auto_keeps_one_step_per_call_for_callbacks_that_count_on_batch_hooks():
     trainer = tftrain.Trainer(make_mlp(), **compile_args(), steps_per_loop="auto")
     trainer.fit(data(examples=80), epochs=1, callbacks=[PerBatch()], verbose=0)
     assert batches == list(range(20))  # every step, as model.fit calls it
-    assert "train" not in trainer._auto_steps
+    assert "train" not in trainer.engines.auto_steps
 
 
 def test_auto_evaluates_and_predicts_as_one_step_per_call_does():

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.services.checkpointing import CheckpointService
-from tftrain.services.preemption import SignalRecorder
 from tftrain.services.multiworker_preemption import multiworker_preemption
+from tftrain.services.preemption import SignalRecorder
 
 
 def test_signal_recorder_records_and_restores_the_previous_handlers():

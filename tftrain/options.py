@@ -28,6 +28,7 @@ __all__ = [
     "check_every_steps",
     "check_int",
     "check_profile_steps",
+    "check_validation_every_steps",
     "check_validation_freq",
     "check_validation_split",
     "check_verbose",
@@ -123,6 +124,16 @@ def check_validation_split(value: Any) -> float:
         raise ValueError(
             f"Invalid value for argument `validation_split`. Received: validation_split={value!r}. "
             "Expected a fraction in [0, 1) of the array inputs to hold out for validation."
+        )
+    return value
+
+
+def check_validation_every_steps(value: Any, has_validation_data: bool) -> int | None:
+    """`fit(validation_every_steps=...)`: None, or an integer >= 1 with validation data to validate on."""
+    if check_int("validation_every_steps", value, optional=True) is not None and not has_validation_data:
+        raise ValueError(
+            f"Invalid combination of arguments. Received: validation_every_steps={value!r} "
+            "with no validation data. Expected `validation_data=` or `validation_split=`."
         )
     return value
 
@@ -251,10 +262,56 @@ class EngineOptions:
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """What a `Trainer.fit` writes and guards around its steps (see `Trainer` for each field).
+    """What a `Trainer.fit` writes and guards around its steps (the `Trainer` arguments of the same names).
 
     Validated on construction, without touching the filesystem: `model_dir`
     must not be a file and must be creatable; it is created when a run starts.
+
+    Attributes:
+        model_dir: A directory for checkpoints (`model_dir/checkpoints`) and
+            TensorBoard event files (`model_dir/train`, `model_dir/validation`).
+            `fit` on a `model_dir` that holds a checkpoint resumes from it and
+            trains up to the same target, so rerunning a killed command
+            finishes the job.
+        checkpoint_every_steps: Also save every this many training steps
+            (None: only at epoch ends). Needs `model_dir`.
+        max_to_keep: Checkpoints kept in `model_dir`.
+        summary_every_steps: Also write training summaries every this many
+            steps (None: only at epoch ends). Needs `model_dir`.
+        profile_steps: `(start, stop)`: run the TensorFlow profiler over these
+            training steps (1-based, both included); the trace goes to
+            `model_dir/train` for TensorBoard's profile tab. Needs `model_dir`.
+        terminate_on_nan: Stop with `NonFiniteLossError` at the first step
+            whose loss (a `loss` or `*_loss` log) is NaN or infinite; no
+            checkpoint is written for it.
+        preemption_signals: With `model_dir`: signals (numbers or names) on
+            which `fit` finishes the host call in flight, saves a checkpoint
+            at that step and raises `tftrain.PreemptedError`; rerunning
+            resumes exactly there. Under several workers, a signal reaching
+            any worker stops them all at one agreed step (one host call
+            later), each saving (see docs/distribution.md). `()` keeps the
+            process's default handlers (SIGTERM then kills it). Installed
+            only while `fit` runs.
+        best_checkpoint_monitor: With `model_dir`: also keep the checkpoint of
+            the best epoch by this log (e.g. `"val_loss"`) in `model_dir/best`,
+            apart from the rotating ones (load it with
+            `tftrain.checkpoint.restore_model`).
+        best_checkpoint_mode: `"min"`, `"max"` or `"auto"` (max for
+            accuracy-like names).
+        resume_from: With `model_dir`: a checkpoint (path prefix such as
+            `"run1/checkpoints/ckpt-3000"`, or a directory: its latest) to
+            continue from when `model_dir` holds no checkpoint yet: weights,
+            optimizer, global step, epoch and data position, validated as a
+            resume is. Once `model_dir` has checkpoints of its own, they win,
+            so rerunning the command resumes the new run.
+        async_checkpoint: With `model_dir`: write checkpoints in a background
+            thread (TensorFlow's asynchronous checkpointing): a save copies the
+            state to host memory and training goes on while the files are
+            written. A checkpoint becomes the latest only once complete, so a
+            crash mid-write resumes from the one before; the next save, the
+            end of `fit` and a preemption wait for a pending write, and its
+            error (e.g. a full disk) is raised there. Costs a host copy of the
+            saved state. See docs/checkpoints.md.
 
     Raises:
         TypeError, ValueError: a bad value, or an option that needs `model_dir` without it.

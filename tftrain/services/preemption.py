@@ -73,7 +73,7 @@ class PreemptionService(Service):
     `PreemptedError` is raised. A signal during an epoch's last call lets the
     epoch end (validation, callbacks, the epoch checkpoint) first. The previous
     handlers are restored at `close` (see `SignalRecorder`). Multi-worker runs
-    use `tftrain._multiworker_preemption` instead.
+    use `tftrain.services.multiworker_preemption` instead.
 
     Args:
         signals: The signals that mean "preempted" (e.g. `(signal.SIGTERM,)`).

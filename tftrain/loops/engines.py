@@ -1,0 +1,121 @@
+"""A Trainer's engines: one per kind of step (train, eval, predict), built once, and how many steps each call runs.
+
+`Engines` is what the fit and evaluation loops run steps through: the
+`tftrain.engine.step_loop.StepLoop` of each kind (made by `make_loop` on
+first use and cached, as Keras caches its `train_function`), the input plan
+of a pass (plain or distributed iterators), the steps per host call
+(`steps_per_loop`, or the `"auto"` chooser that learns k once per kind), and
+the writer of `tf.summary` calls inside the training step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain import distribute
+from tftrain.data import inputs
+from tftrain.engine import step_loop
+from tftrain.engine.auto_steps import StepsPerCall
+from tftrain.loops import hooks
+from tftrain.options import EngineOptions
+from tftrain.services.step_summaries import InStepSummaries
+
+__all__ = ["KINDS", "Engines"]
+
+KINDS = ("train", "eval", "predict")
+_HOOK_KINDS = {"train": "train", "eval": "test", "predict": "predict"}
+
+
+class Engines:
+    """The engines of one Trainer, built once per kind and kept across calls.
+
+    Args:
+        steps: Kind (`"train"`, `"eval"`, `"predict"`) -> the step function
+            (`batch -> logs`, or predictions).
+        options: How the steps run.
+        strategy: The strategy they run under.
+        global_step: The run's global step, incremented before each training step.
+        stop_on_nonfinite: Training calls stop at a non-finite loss.
+    """
+
+    def __init__(
+        self,
+        steps: dict[str, Callable[[Any], Any]],
+        options: EngineOptions,
+        strategy: tf.distribute.Strategy,
+        global_step: tf.Variable,
+        *,
+        stop_on_nonfinite: bool,
+    ):
+        self.steps = steps
+        self.options = options
+        self.strategy = strategy
+        self.global_step = global_step
+        self.stop_on_nonfinite = stop_on_nonfinite
+        self.loops: dict[str, step_loop.StepLoop] = {}
+        self.auto_steps: dict[str, StepsPerCall] = {}
+        self._in_step_summaries: InStepSummaries | None = None
+
+    def loop(self, kind: str) -> step_loop.StepLoop:
+        """The engine of `kind`, built on first use."""
+        if kind not in self.loops:
+            self.loops[kind] = step_loop.make_loop(
+                self.steps[kind],
+                self.options,
+                self.strategy,
+                f"{kind}_step",
+                stop_on_nonfinite=kind == "train" and self.stop_on_nonfinite,
+                collect=kind == "predict",
+                step_counter=self.global_step if kind == "train" else None,
+            )
+        return self.loops[kind]
+
+    def plan(self, data: inputs.AdaptedInput) -> inputs.EpochPlan:
+        """The pass-by-pass plan over adapted inputs: plain iterators, or distributed under a strategy."""
+        if self.strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+            return inputs.EpochPlan(data, make_iterator=iter)
+        return inputs.EpochPlan(
+            data, make_iterator=lambda dataset: iter(self.strategy.experimental_distribute_dataset(dataset))
+        )
+
+    def steps_per_call(self, kind: str, callback_list: keras.callbacks.CallbackList) -> int | StepsPerCall:
+        """Steps per host call in a pass of `kind`.
+
+        With `steps_per_loop="auto"`: the chooser of `kind` (what it learned
+        is kept across calls), or 1 while a callback implements that kind's
+        batch hooks (it may count on one call per step), and 1 under several
+        workers (each would measure its own times, and every worker must run
+        the same steps per call).
+        """
+        if not self.options.auto:
+            return self.options.fixed_steps
+        if distribute.num_workers(self.strategy) > 1:
+            return 1
+        if hooks.relies_on_batch_hooks(callback_list, _HOOK_KINDS[kind]):
+            return 1
+        return self.auto_steps.setdefault(kind, StepsPerCall("auto"))
+
+    @property
+    def chosen_steps_per_loop(self) -> int | None:
+        """The training steps per call that `"auto"` chose (None before it chose, or without "auto")."""
+        chooser = self.auto_steps.get("train")
+        return chooser.chosen if chooser is not None else None
+
+    def in_step_summaries(self, model_dir: str | None, every_steps: int | None) -> InStepSummaries | None:
+        """The writer and cadence of `tf.summary` calls in the training step, made once.
+
+        A traced step keeps the writer and condition it was traced with, so
+        they are made once per Trainer. None without `model_dir`, on a worker
+        other than the chief, and under XLA (it cannot compile summary ops on
+        CPU and GPU, so the step's summaries are not recorded there).
+        """
+        chief, _ = distribute.worker_role(self.strategy)
+        if model_dir is None or not chief or self.options.jit_compile:
+            return None
+        if self._in_step_summaries is None:
+            self._in_step_summaries = InStepSummaries(model_dir, self.global_step, every_steps)
+        return self._in_step_summaries

@@ -1,0 +1,189 @@
+"""The fit loop: one `fit` call, from its target to its History.
+
+`run_fit` owns the call's target (`epochs`, or a step budget `total_steps`)
+and reads top-down: start the run (restore the latest checkpoint and build
+the services, `run_setup.start_run`), decide the epochs that reach the
+target from where the run starts, then for each epoch: reset the metrics,
+run the epoch loop (`epoch_loop.run_pass`), validate, call the epoch hooks
+and end the epoch with the services. Keras's `fit` is the reference for
+every callback hook, its order and its logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain import timing
+from tftrain.compat import keras_internals
+from tftrain.data import fit_checks
+from tftrain.data.inputs import EpochPlan
+from tftrain.loops import epoch_loop, hooks, inference, run_setup
+from tftrain.loops.owner import StepOwner
+from tftrain.loops.training_run import TrainingRun
+from tftrain.options import check_verbose
+from tftrain.services.periodic_validation import PeriodicValidation
+
+__all__ = ["FitCall", "run_fit"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FitCall:
+    """One `fit` call's data, target and callbacks, checked by the Trainer.
+
+    Attributes:
+        plan: The training data.
+        validation_plan: The validation data, or None.
+        epochs: The epoch to train up to (exclusive), as `fit`'s `epochs`.
+        initial_epoch: Where a run with nothing to resume starts.
+        total_steps: A step budget (the target instead of `epochs`), or None.
+        callbacks: The user's Keras callbacks.
+        verbose: `fit`'s `verbose`.
+        validation_freq: Validate after these epochs (`fit`'s meaning).
+        validation_every_steps: Also validate every this many global steps, or None.
+    """
+
+    plan: EpochPlan
+    validation_plan: EpochPlan | None
+    epochs: int
+    initial_epoch: int
+    total_steps: int | None
+    callbacks: Any
+    verbose: int | str
+    validation_freq: int | list[int]
+    validation_every_steps: int | None
+
+
+def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, timing.TimingReport]:
+    """Runs one `fit` call to its target; returns the History and the call's timing report."""
+    model, engines = owner.model, owner.engines
+    train_loop = engines.loop("train")
+    timer = timing.StepTimer()
+    measured = timer if owner.measure_timing else None
+    callbacks: list[keras.callbacks.CallbackList] = []  # made once the epochs are known (below)
+    step_history: dict[str, list[Any]] = {}
+    run = run_setup.start_run(
+        owner.run_options,
+        model=model,
+        extra_state=owner.checkpoint_state,
+        plan=call.plan,
+        epochs=call.epochs,
+        timer=measured,
+        trace_counter=train_loop.trace_counter,
+        verbose=check_verbose(call.verbose),
+        strategy=engines.strategy,
+        total_steps=call.total_steps,
+        extra_services=_call_services(owner, call, callbacks, step_history) + tuple(owner.services),
+        global_step=owner.global_step,
+        in_step_summaries=lambda: engines.in_step_summaries(
+            owner.run_options.model_dir, owner.run_options.summary_every_steps
+        ),
+    )
+    try:
+        epochs = _target_epochs(call, run)
+        callback_list = keras.callbacks.CallbackList(
+            call.callbacks,
+            add_history=True,
+            add_progbar=call.verbose != 0,
+            verbose=call.verbose,
+            epochs=epochs,
+            steps=call.plan.steps,
+            model=model,
+        )
+        callbacks.append(callback_list)
+        model.history.step_history = step_history
+        model.stop_training = False
+        training_logs = None
+        callback_list.on_train_begin()
+        if not run.resumed:  # where to start, as fit reads it after on_train_begin (BackupAndRestore)
+            run.progress.epoch = keras_internals.initial_epoch(model) or call.initial_epoch
+        for epoch in range(run.progress.epoch, epochs):
+            training_logs = _train_epoch(owner, call, run, callback_list, epoch, measured)
+            if model.stop_training or run.finished:
+                break
+        optimizer = getattr(model, "optimizer", None)
+        if isinstance(optimizer, keras.optimizers.Optimizer) and epochs > 0:
+            optimizer.finalize_variable_values(model.trainable_weights)  # e.g. EMA weights
+        callback_list.on_train_end(logs=training_logs)
+    finally:
+        run.close()
+        call.plan.close()
+        if call.validation_plan is not None:
+            call.validation_plan.close()
+    report = timer.report(run.trace_count())
+    if call.verbose != 0 and owner.measure_timing:
+        print(f"tftrain timing ({engines.options.name}):\n{report.summary()}")
+    return model.history, report
+
+
+def _train_epoch(
+    owner: StepOwner,
+    call: FitCall,
+    run: TrainingRun,
+    callback_list: keras.callbacks.CallbackList,
+    epoch: int,
+    timer: timing.StepTimer | None,
+) -> dict[str, Any]:
+    """Trains one epoch (its hooks, the epoch loop, validation); returns the epoch's logs."""
+    if run.progress.step_in_epoch == 0:  # else: resumed mid-epoch, metrics restored
+        owner.reset_metrics()
+    callback_list.on_epoch_begin(epoch)
+    logs = epoch_loop.run_pass(
+        call.plan,
+        owner.engines.loop("train"),
+        *hooks.batch_hooks(callback_list, "train"),
+        steps_per_loop=owner.engines.steps_per_call("train", callback_list),
+        timer=timer,
+        run=run,
+        should_stop=lambda: owner.model.stop_training,
+    )
+    epoch_logs = owner.final_logs(logs, "train")
+    if call.validation_plan is not None and fit_checks.should_validate(epoch, call.validation_freq):
+        with tf.summary.record_if(False):  # the writer in fit is the training step's
+            val_logs = inference.run_evaluation(owner, call.validation_plan, callback_list)
+        epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
+    callback_list.on_epoch_end(epoch, epoch_logs)
+    run.end_epoch(keras_internals.pythonify_logs(epoch_logs))
+    return epoch_logs
+
+
+def _target_epochs(call: FitCall, run: TrainingRun) -> int:
+    """The epoch (exclusive) at which this call reaches its target, from where the run starts.
+
+    With `epochs`, that is `epochs`. A step budget counts steps, not epochs:
+    a resumed run trains the steps left to `total_steps` (none if it is
+    reached), so a rerun finishes the budget and a larger one extends it,
+    whatever epoch the restored progress is in.
+    """
+    if call.total_steps is None or not run.resumed:
+        return call.epochs
+    progress = run.progress
+    remaining = call.total_steps - progress.global_step
+    if remaining <= 0:
+        return progress.epoch
+    per_epoch = call.plan.steps or call.total_steps
+    left_in_epoch = per_epoch - progress.step_in_epoch if progress.step_in_epoch else 0
+    more_epochs = math.ceil(max(0, remaining - left_in_epoch) / per_epoch)
+    return progress.epoch + (1 if left_in_epoch else 0) + more_epochs
+
+
+def _call_services(
+    owner: StepOwner,
+    call: FitCall,
+    callbacks: list[keras.callbacks.CallbackList],
+    step_history: dict[str, list[Any]],
+) -> tuple[PeriodicValidation, ...]:
+    """The services this call asks for: a validation every N steps."""
+    if call.validation_every_steps is None:
+        return ()
+    return (
+        PeriodicValidation(
+            call.validation_every_steps,
+            lambda: inference.validate_mid_epoch(owner, call.validation_plan, callbacks[0]),
+            step_history,
+        ),
+    )
