@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 # Engines every step must run under: name -> Trainer keyword arguments.
 ENGINES = {
@@ -70,3 +71,51 @@ def read_run(run_dir) -> dict:
         arrays = [(event.step, tf.make_ndarray(event.tensor_proto)) for event in accumulator.Tensors(tag)]
         values[tag] = [(step, float(array) if array.ndim == 0 else array) for step, array in arrays]
     return values
+
+
+# The NaN guard's cases (tests/loops/test_training_run.py, tests/engine/test_pipelined_calls.py).
+BATCH_SIZE = 4
+STEPS_PER_EPOCH = 8
+BAD_BATCH = 3  # 0-based batch of the first epoch: global step 4
+BAD_STEP = BAD_BATCH + 1
+
+
+def regression_data(nan_batch=BAD_BATCH):
+    """32 examples in batches of 4; one target of batch `nan_batch` is NaN (None: no NaN)."""
+    rng = np.random.RandomState(0)
+    x = rng.rand(STEPS_PER_EPOCH * BATCH_SIZE, 6).astype("float32")
+    y = rng.rand(STEPS_PER_EPOCH * BATCH_SIZE, 3).astype("float32")
+    if nan_batch is not None:
+        y[nan_batch * BATCH_SIZE + 1, 2] = np.nan
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+
+
+def mse_args():
+    return dict(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
+
+
+def assert_checkpoints_finite(model_dir, bad_step: int) -> str:
+    """Every checkpoint in `model_dir` is of a step before `bad_step` and holds only finite floats; returns the latest."""
+    latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+    assert latest is not None
+    checked = 0
+    for path in tf.train.get_checkpoint_state(str(model_dir / "checkpoints")).all_model_checkpoint_paths:
+        reader = tf.train.load_checkpoint(path)
+        assert int(reader.get_tensor("progress/global_step/.ATTRIBUTES/VARIABLE_VALUE")) < bad_step
+        for key, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype.is_floating:
+                assert np.all(np.isfinite(reader.get_tensor(key))), (path, key)
+                checked += 1
+    assert checked > 0
+    return latest
+
+
+def loss_of_batch(batch):
+    return {"loss": tf.reduce_mean(batch), "other": tf.constant(1.0)}
+
+
+def values_dataset():
+    """Batches [1.], [2.], [3.], [nan], [5.], ... [9.]."""
+    values = np.arange(1, 10, dtype="float32")
+    values[3] = np.nan
+    return tf.data.Dataset.from_tensor_slices(values).batch(1)

@@ -9,7 +9,8 @@ import tftrain
 def test_public_names_resolve():
     for name in tftrain.__all__:
         assert getattr(tftrain, name) is not None, name
-    assert tftrain.NonFiniteLossError is tftrain.loops.training_run.NonFiniteLossError
+    assert tftrain.NonFiniteLossError is tftrain.errors.NonFiniteLossError
+    assert tftrain.services.Service is tftrain.services.protocol.Service
     assert issubclass(tftrain.NonFiniteLossError, FloatingPointError)
 
 

@@ -26,6 +26,7 @@ _SUBMODULES = {
     "evaluation",
     "model",
     "precision",
+    "services",
     "summaries",
     "timing",
     "trainer",

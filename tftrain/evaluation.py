@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import keras
 import numpy as np
@@ -36,9 +36,6 @@ EVAL_RUN = "eval"
 RESULTS_FILE = "results.json"
 _GLOBAL_STEP_KEY = "progress/global_step" + VARIABLE_SUFFIX
 _LOGGER = logging.getLogger("tftrain")
-
-if TYPE_CHECKING:
-    from tftrain.trainer import Trainer
 
 
 def read_results(model_dir: str) -> dict[int, dict[str, float]]:
@@ -73,7 +70,7 @@ def read_results(model_dir: str) -> dict[int, dict[str, float]]:
 
 
 def evaluate_continuously(
-    trainer: Trainer,
+    trainer: Any,
     x: Any = None,
     y: Any = None,
     *,
@@ -205,9 +202,11 @@ def _check_arguments(
     last_step: Any,
 ) -> str:
     """Every argument checked before any waiting; returns the model directory."""
-    from tftrain.trainer import Trainer  # imported here: tftrain.trainer imports this module
-
-    if not isinstance(trainer, Trainer):
+    # A Trainer by what it does (tftrain.trainer imports this module, not the reverse).
+    if not (
+        callable(getattr(trainer, "evaluate", None))
+        and isinstance(getattr(trainer, "model", None), keras.Model)
+    ):
         raise TypeError(
             f"Invalid value for argument `trainer`. Received: trainer={trainer!r}. Expected a "
             "tftrain.Trainer (its model and eval_step evaluate each checkpoint)."

@@ -29,6 +29,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain.checkpoint import native_log
 from tftrain.checkpoint.validation import (
     VARIABLE_SUFFIX,
     CorruptCheckpointError,
@@ -179,6 +180,7 @@ class Checkpointer:
         self._manager: tf.train.CheckpointManager | None = None
         self.service_states: dict[str, Any] = {}
         self.iterator_restored = False
+        self.restored_path: str | None = None
 
     def _new_root(self) -> tf.train.Checkpoint:
         return tf.train.Checkpoint(
@@ -216,6 +218,9 @@ class Checkpointer:
         directory = directory or self.directory
         try:
             state = tf.train.get_checkpoint_state(directory)
+            # TensorFlow logs a state file it cannot parse and returns None, as for none at all.
+            if state is None and tf.io.gfile.exists(tf.io.gfile.join(directory, "checkpoint")):
+                raise ValueError("it does not parse as a checkpoint state")
         except Exception as error:  # a damaged state file: a protobuf parse error
             warnings.warn(
                 f"The checkpoint state file in {directory} cannot be read ({error}); looking for "
@@ -267,21 +272,33 @@ class Checkpointer:
 
     # ---------------------------------------------------------------- restore
 
-    def restore_latest(self, iterator: Any = None) -> Progress | None:
-        """Restores the newest good checkpoint, if any.
+    def restore_latest(
+        self, iterator: Any = None, *, prepare: Callable[[dict[str, Any]], Any] | None = None
+    ) -> Progress | None:
+        """Restores the newest good checkpoint, if any, as one sequence: find -> validate -> restore.
 
-        Cleans leftovers of interrupted saves first. A checkpoint that cannot
-        be read is skipped with a warning naming it (its files are renamed
-        with a `.corrupt` suffix, not deleted), and the previous one is used.
+        Cleans leftovers of interrupted saves first. Each checkpoint, newest
+        first, is validated before anything of it is used: every tensor is
+        read and its services' states parsed. One that cannot be read is
+        skipped with a warning naming it (its files are renamed with a
+        `.corrupt` suffix, not deleted), and the previous one is used. Then
+        the model, optimizer and iterator are restored, checked compatible
+        first (nothing is assigned from a checkpoint that does not fit).
 
         Args:
             iterator: The training iterator the run will read from; its state
                 is restored where the checkpoint saved one.
+            prepare: Instead of `iterator`: called once, with the services'
+                states of the first checkpoint that validates, before anything
+                is restored; returns the iterator (the data pipeline is built
+                as that checkpoint saved its position).
 
         Returns:
             The restored progress, or None if the directory holds no
             checkpoint. `iterator_restored` then says whether the iterator's
-            state was restored (else resume by skipping `batches_in_pass`).
+            state was restored (else resume by skipping `batches_in_pass`),
+            `service_states` holds the services' states and `restored_path`
+            the checkpoint.
 
         Raises:
             IncompatibleCheckpointError: the checkpoint does not fit the model
@@ -296,8 +313,9 @@ class Checkpointer:
         failures = []
         for path in reversed(candidates):
             try:
-                reader = tf.train.load_checkpoint(path)
-                read_all_tensors(reader)
+                reader, states = self._validate(path)
+                if prepare is not None:
+                    iterator, prepare = prepare(states), None
                 progress = self._restore_from(path, reader, iterator)
             except IncompatibleCheckpointError:
                 raise
@@ -321,15 +339,19 @@ class Checkpointer:
             )
         return None
 
-    def restore_from(self, path: str, iterator: Any = None) -> tuple[str, Progress]:
+    def restore_from(
+        self, path: str, iterator: Any = None, *, prepare: Callable[[dict[str, Any]], Any] | None = None
+    ) -> tuple[str, Progress]:
         """Restores a chosen checkpoint (e.g. another run's) instead of the latest of this directory.
 
-        Validated as `restore_latest` is (nothing partly restored); a damaged
-        checkpoint is an error, with no fallback to another one.
+        Validated as `restore_latest` validates (nothing partly restored); a
+        damaged checkpoint is an error, with no fallback to another one.
 
         Args:
             path: A checkpoint path prefix, or a directory (its latest checkpoint).
             iterator: The training iterator, restored where the checkpoint saved one.
+            prepare: Instead of `iterator`: called with the checkpoint's
+                services' states once it is validated; returns the iterator.
 
         Returns:
             The checkpoint path restored, and its progress.
@@ -339,9 +361,21 @@ class Checkpointer:
             IncompatibleCheckpointError: it does not fit the model.
         """
         self.sync()
-        path, reader = open_checkpoint(path, "resume_from")
-        _read_every_tensor(path, reader)
+        path, _ = open_checkpoint(path, "resume_from")
+        try:
+            reader, states = self._validate(path)
+        except Exception as error:
+            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+        if prepare is not None:
+            iterator = prepare(states)
         return path, self._restore_from(path, reader, iterator)
+
+    def _validate(self, path: str) -> tuple[tf.train.CheckpointReader, dict[str, Any]]:
+        """Reads every tensor of a checkpoint and its services' states; raises if it is damaged."""
+        reader = tf.train.load_checkpoint(path)
+        read_all_tensors(reader)
+        key = _SERVICE_STATES_KEY
+        return reader, _parse_service_states(reader.get_tensor(key) if reader.has_tensor(key) else b"")
 
     def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
         # Separate roots for reading: TF keeps a pending ("deferred") restore for any
@@ -376,6 +410,7 @@ class Checkpointer:
         progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
         self.iterator_restored = restore_iterator
         self.service_states = _parse_service_states(self._service_states.numpy())
+        self.restored_path = path
         return progress
 
     def read_service_states(self, path: str | None = None) -> dict[str, Any] | None:
@@ -391,9 +426,8 @@ class Checkpointer:
         if path is None:
             return None
         try:
-            reader = tf.train.load_checkpoint(path)
-            return _parse_service_states(reader.get_tensor("timing" + VARIABLE_SUFFIX))
-        except (tf.errors.OpError, ValueError):
+            return self._validate(path)[1]
+        except Exception:  # a damaged checkpoint (any read error): nothing to tell
             return None
 
     def _drop_newer(self, good: str, damaged: list[str]) -> None:
@@ -502,6 +536,10 @@ class Checkpointer:
         return self._write(number)
 
     def _write(self, number: int | None) -> str:
+        with native_log.without_save_info():
+            return self._save_files(number)
+
+    def _save_files(self, number: int | None) -> str:
         if not self.async_write:
             return self.manager.save(checkpoint_number=number)
         # TensorFlow's writer copies only the objects it found at its first save; state
@@ -590,6 +628,10 @@ def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:
         read_all_tensors(reader)
     except tf.errors.OpError as error:
         raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+
+
+# The services' states, as JSON, saved under the key "timing" (see `Checkpointer`).
+_SERVICE_STATES_KEY = "timing" + VARIABLE_SUFFIX
 
 
 def _parse_service_states(saved: bytes) -> dict[str, Any]:

@@ -393,17 +393,21 @@ class EpochPlan:
             self._iterator = self._make_iterator(self.dataset.skip(batches_in_pass))
         self._seen_in_pass = batches_in_pass - steps_in_epoch
 
-    def end_epoch(self, steps_run: int, data_ended: bool) -> None:
+    def end_epoch(self, steps_run: int, data_ended: bool, *, cut: bool = False) -> None:
         """Records how the epoch went (and runs a PyDataset's `on_epoch_end`).
 
         Args:
             steps_run: Steps the epoch ran (before a resume too).
             data_ended: Whether the iterator ran out of batches.
+            cut: The epoch stopped short of its end and goes on later (a step
+                budget reached mid-epoch): the pass and its iterator are kept.
 
         Raises:
             ValueError: the very first pass yielded no batch at all.
         """
         self.close()
+        if cut:
+            return
         known_pass = self._batches_per_pass
         self._seen_in_pass += steps_run
         if data_ended:

@@ -23,7 +23,6 @@ from tftrain import timing
 from tftrain.compat import keras_internals
 from tftrain.data import inputs
 from tftrain.engine import graph_loops
-from tftrain.loops import hooks
 from tftrain.options import EngineOptions
 
 StepFn = Callable[[Any], Any]
@@ -327,8 +326,16 @@ class StepLoop:
         )
 
 
+def block_until_ready(logs: Any) -> None:
+    """Waits for a step's outputs, so the clock reads device time too."""
+    for value in tf.nest.flatten(logs):
+        if hasattr(value, "numpy"):
+            value.numpy()
+            return
+
+
 def _waited(result: LoopResult) -> LoopResult:
-    hooks.block_until_ready(result.logs)
+    block_until_ready(result.logs)
     return result
 
 

@@ -129,5 +129,5 @@ def run_pass(
     except BaseException:
         plan.close()
         raise
-    plan.end_epoch(step, data_ended)
+    plan.end_epoch(step, data_ended, cut=run is not None and run.cut_by_budget)
     return logs

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 _BATCH_HOOKS = {
     "train": ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end"),
@@ -58,11 +57,3 @@ def _no_hook(batch: int, logs: Any = None) -> None:
 def is_no_hook(hook: Any) -> bool:
     """Whether `hook` is the no-op `batch_hooks` returns (nothing reads the logs it would be given)."""
     return hook is _no_hook
-
-
-def block_until_ready(logs: Any) -> None:
-    """Waits for a step's outputs, so the clock reads device time too."""
-    for value in tf.nest.flatten(logs):
-        if hasattr(value, "numpy"):
-            value.numpy()
-            return

@@ -1,14 +1,26 @@
-"""Starting one `Trainer.fit`: the progress it resumes from and the services around its steps.
+"""Starting one `Trainer.fit`: restore as one named sequence, then the services around its steps.
 
 `start_run` builds a `tftrain.loops.training_run.TrainingRun` from the frozen
-`RunOptions`: the progress (restored from the latest checkpoint, or from
-`resume_from`), and the services (`tftrain.services.protocol`) that stop on a
-non-finite loss, run the profiler window, keep the timing, write TensorBoard
-summaries and save checkpoints, in the order they run after each host call.
+`RunOptions`. With a `model_dir`, restoring is one sequence, in this order:
+
+1. find: the newest checkpoint of `model_dir` (else `resume_from`'s);
+2. validate: every tensor of it is read and its services' states parsed
+   (a damaged one is skipped, warned, for the one before); nothing of a
+   checkpoint is used before it validates;
+3. model and optimizer (and the data iterator), checked compatible before
+   anything is assigned (`tftrain.checkpoint.Checkpointer.restore_latest`);
+4. the services' state (each service's `load_state_dict`, by name);
+5. the data position (`EpochPlan.resume`).
+
+The services run in this order after each host call: the NaN guard, the step
+budget, the call's own and the user's services, the profiler, TensorBoard
+summaries, the best checkpoint, checkpoints, preemption, the writer lock,
+in-step summaries and timing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import warnings
@@ -83,14 +95,14 @@ def start_run(
     global_step: tf.Variable | None = None,
     in_step_summaries: Callable[[], InStepSummaries | None] | None = None,
 ) -> TrainingRun:
-    """Sets up one `fit`: builds its services and restores the latest checkpoint.
+    """Sets up one `fit`: restores the latest checkpoint and builds its services.
 
     Args:
         options: The run options.
         model: The model being trained (its optimizer's learning rate is logged).
         extra_state: Returns more trackables to checkpoint (a Trainer subclass's own state).
         plan: The training data plan; resumed at the checkpoint's data position.
-        epochs: Epochs of the whole run (the target a resumed run trains up to).
+        epochs: Epochs of the call (to check a profiler window against).
         timer: The step timer (restored from the checkpoint), or None.
         trace_counter: The training step's trace counter.
         verbose: Print where a resumed run starts (it is logged either way).
@@ -101,11 +113,10 @@ def start_run(
             when the run ends, and a preemption signal that reaches any worker
             makes all of them save at one step and stop
             (`tftrain.services.multiworker_preemption`).
-        extra_services: More services, run after the NaN guard and the step
-            budget and before the summaries and checkpoints (e.g. a periodic
-            validation, whose logs the summaries write).
-        total_steps: End the run after this many training steps in all (a
-            resumed run trains up to it); None: the epochs decide.
+        total_steps: The call's step budget, or None: the epochs decide.
+        extra_services: More services (the call's own, then the user's), run
+            after the NaN guard and the step budget and before the summaries
+            and checkpoints; their state is saved and restored by name.
         global_step: The run's global step variable (the training loop
             increments it before each step): set to 0, or restored from the
             checkpoint, and saved with every checkpoint. None: counted on
@@ -119,57 +130,62 @@ def start_run(
 
     Raises:
         ValueError: `profile_steps` ends after the run's last step, `model_dir`
-            cannot be written, or a checkpoint exists but the model is not
-            built to restore it.
+            cannot be written, a checkpoint exists but the model is not built
+            to restore it, or two services share a name.
         tftrain.checkpoint.CheckpointError: the checkpoint cannot be used.
     """
     place = _RunPlace.of(strategy)
     if global_step is not None:
         global_step.assign(0)  # a run without a checkpoint starts at 0, as its Progress does
-    planned_steps = epochs * plan.steps if plan.steps is not None else None
-    if total_steps is not None:
-        planned_steps = total_steps
+    planned_steps = total_steps if total_steps is not None else (epochs * plan.steps if plan.steps else None)
     window = check_profile_steps(options.profile_steps, planned_steps)
     timing_service = TimingService(timer, trace_counter)
     services: list[Service] = [NonFiniteGuard()] if options.terminate_on_nan else []
     if total_steps is not None:
         services.append(StepBudget(total_steps))
     services.extend(extra_services)
-    checkpointer = None
-    progress = checkpoint_lib.Progress()
-    if options.model_dir is not None:
-        model_dir = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
-        chief, _ = place.worker
-        # The chief is the writer: one per model_dir, held before anything there is touched.
-        lock = WriterLock(model_dir) if chief else None
-        try:
-            checkpointer, progress = _model_dir_services(
-                options,
-                model,
-                extra_state,
-                plan,
-                window,
-                timer,
-                timing_service,
-                services,
-                model_dir,
-                place,
-                verbose,
-                global_step,
-            )
-        except BaseException:
+    checkpointer, restored, lock = None, None, None
+    try:
+        if options.model_dir is not None:
+            model_dir = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
+            # The chief is the writer: one per model_dir, held before anything there is touched.
+            lock = WriterLock(model_dir) if place.worker[0] else None
+            checkpointer = _checkpointer(options, model, extra_state, global_step, model_dir, place)
+            restored, data_mode = _restore(options, checkpointer, model, plan)  # steps 1 to 3
+            if restored is not None:
+                report_resume(
+                    f"tftrain: resumed from {checkpointer.restored_path} at step {restored.global_step} "
+                    f"(epoch {restored.epoch + 1}, step {restored.step_in_epoch} of the epoch).",
+                    verbose,
+                )
+            services += _model_dir_services(
+                options, model, extra_state, global_step, model_dir, place, checkpointer,
+                window, timer, restored, data_mode,
+            )  # fmt: skip
             if lock is not None:
-                lock.close()
-            raise
+                services.append(WriterLockService(lock))  # released at the run's end, after the last save
+                lock = None
+        step_summaries = in_step_summaries() if in_step_summaries is not None else None
+        if step_summaries is not None:
+            services.append(InStepSummaryService(step_summaries))
+        services.append(timing_service)
+        _check_names(services)
+        if restored is not None:
+            for service in services:  # 4. the services' state
+                if service.name in checkpointer.service_states:
+                    service.load_state_dict(checkpointer.service_states[service.name])
+            # 5. the data position
+            plan.resume(restored.batches_in_pass, restored.step_in_epoch, checkpointer.iterator_restored)
+    except BaseException:
+        for service in services:  # what the services hold: writers, signal handlers, the lock
+            with contextlib.suppress(Exception):
+                service.close()
         if lock is not None:
-            services.append(WriterLockService(lock))
-    step_summaries = in_step_summaries() if in_step_summaries is not None else None
-    if step_summaries is not None:
-        services.append(InStepSummaryService(step_summaries))
-    services.append(timing_service)
+            lock.close()
+        raise
     return TrainingRun(
         plan,
-        progress,
+        restored or checkpoint_lib.Progress(),
         services,
         checkpointer=checkpointer,
         timing_service=timing_service,
@@ -177,122 +193,136 @@ def start_run(
     )
 
 
+def _checkpointer(
+    options: RunOptions,
+    model: Any,
+    extra_state: Callable[[], dict[str, Any]],
+    global_step: tf.Variable | None,
+    model_dir: str,
+    place: _RunPlace,
+    *,
+    best: bool = False,
+) -> checkpoint_lib.Checkpointer:
+    """The run's checkpointer (a non-chief worker's writes to its scratch directory), or the best checkpoint's."""
+    chief, worker_name = place.worker
+    checkpoints = f"{model_dir}/checkpoints"
+    if best:
+        directory, max_to_keep, restore_directory = f"{model_dir}/best", 1, None
+    elif chief:
+        directory, max_to_keep, restore_directory = checkpoints, options.max_to_keep, None
+    else:
+        directory, max_to_keep, restore_directory = (
+            f"{model_dir}/workers/{worker_name}/checkpoints",
+            1,
+            checkpoints,
+        )
+    return checkpoint_lib.Checkpointer(
+        directory,
+        lambda: checkpoint_lib.training_state(model, extra_state()),
+        max_to_keep=max_to_keep,
+        restore_directory=restore_directory,
+        global_step=global_step,
+        async_write=options.async_checkpoint,
+    )
+
+
+def _restore(
+    options: RunOptions, checkpointer: checkpoint_lib.Checkpointer, model: Any, plan: inputs.EpochPlan
+) -> tuple[checkpoint_lib.Progress | None, str | None]:
+    """Steps 1 to 3 of the restore sequence (module doc); returns the progress (None: nothing to resume) and the data mode.
+
+    The data mode is how checkpoints keep the data position: the validated
+    checkpoint's (a resume reads it as it was saved), else the one that suits
+    the pipeline; None where the iterators are distributed (never saved).
+    """
+    source = checkpointer.latest or options.resume_from  # 1. find (model_dir's own checkpoints win)
+    if source is not None and not model.built:
+        raise ValueError(
+            f"Cannot resume from {source}: the model is not built yet, so its variables "
+            "do not exist to be restored. Expected a built model: call it once on a batch, or "
+            "`model.build(input_shape)`, before `fit`."
+        )
+    modes: list[str | None] = []
+
+    def prepare(states: dict[str, Any] | None) -> Any:
+        """The data pipeline, made to keep its position as the validated checkpoint did."""
+        mode = None
+        if plan.plain_iterators:
+            mode, plan.dataset = data_position.prepare(plan.dataset, data_position.saved_mode(states))
+        modes.append(mode)
+        return plan.next_iterator()
+
+    # 2. validate and 3. model, optimizer and iterator: in the checkpointer, in that order.
+    progress = checkpointer.restore_latest(prepare=prepare)
+    if progress is None and options.resume_from is not None:
+        _, progress = checkpointer.restore_from(options.resume_from, prepare=prepare)
+    if not modes:  # nothing to resume: a new run
+        prepare(None)
+    return progress, modes[0]
+
+
 def _model_dir_services(
     options: RunOptions,
     model: Any,
     extra_state: Callable[[], dict[str, Any]],
-    plan: inputs.EpochPlan,
-    window: tuple[int, int] | None,
-    timer: timing.StepTimer | None,
-    timing_service: TimingService,
-    services: list[Service],
+    global_step: tf.Variable | None,
     model_dir: str,
     place: _RunPlace,
-    verbose: int,
-    global_step: tf.Variable | None,
-) -> tuple[checkpoint_lib.Checkpointer, checkpoint_lib.Progress]:
-    """Restores the latest checkpoint and appends the services that write to `model_dir`."""
+    checkpointer: checkpoint_lib.Checkpointer,
+    window: tuple[int, int] | None,
+    timer: timing.StepTimer | None,
+    restored: checkpoint_lib.Progress | None,
+    data_mode: str | None,
+) -> list[Service]:
+    """The services that write to `model_dir`, in the order they run."""
     chief, worker_name = place.worker
-    progress = checkpoint_lib.Progress()
-    checkpoints = f"{model_dir}/checkpoints"
-    scratch_dir = None if chief else f"{model_dir}/workers/{worker_name}"
-    checkpointer = checkpoint_lib.Checkpointer(
-        checkpoints if chief else f"{scratch_dir}/checkpoints",
-        lambda: checkpoint_lib.training_state(model, extra_state()),
-        max_to_keep=options.max_to_keep if chief else 1,
-        restore_directory=None if chief else checkpoints,
-        global_step=global_step,
-        async_write=options.async_checkpoint,
-    )
-    if (checkpointer.latest or options.resume_from) is not None and not model.built:
-        raise ValueError(
-            f"Cannot resume from {checkpointer.latest or options.resume_from}: the model is not built yet, so its variables "
-            "do not exist to be restored. Expected a built model: call it once on a batch, or "
-            "`model.build(input_shape)`, before `fit`."
-        )
-    data_mode = _prepare_data_checkpoint(plan, checkpointer, options.resume_from)
+    step = restored.global_step if restored is not None else 0
+    services: list[Service] = []
     if data_mode is not None:
         services.append(DataCheckpointService(data_mode))
-    restored = checkpointer.restore_latest(plan.next_iterator())
-    source = checkpointer.latest
-    if restored is None and options.resume_from is not None:  # model_dir's own checkpoints win
-        source, restored = checkpointer.restore_from(options.resume_from, plan.next_iterator())
-    if restored is not None:
-        progress = restored
-        plan.resume(progress.batches_in_pass, progress.step_in_epoch, checkpointer.iterator_restored)
-        if "timing" in checkpointer.service_states:
-            timing_service.load_state_dict(checkpointer.service_states["timing"])
-        report_resume(
-            f"tftrain: resumed from {source} at step {progress.global_step} "
-            f"(epoch {progress.epoch + 1}, step {progress.step_in_epoch} of the epoch).",
-            verbose,
-        )
     if chief and window is not None:
         services.append(ProfilerService(summaries.ProfileWindow(f"{model_dir}/train", window)))
-        if progress.global_step > window[0] - 1:
+        if step > window[0] - 1:
             warnings.warn(
-                f"profile_steps={options.profile_steps} starts at or before step {progress.global_step}, "
+                f"profile_steps={options.profile_steps} starts at or before step {step}, "
                 "where this run resumes: nothing is profiled. Expected a window after the resume point.",
-                stacklevel=4,
+                stacklevel=5,
             )
     if chief:
         writer = summaries.TrainingSummaries(model_dir, every_steps=options.summary_every_steps)
         # A resumed run's first call is not the job's trace: its trace time was written already.
-        services.append(
-            SummaryService(
-                writer,
-                timer,
-                getattr(model, "optimizer", None),
-                trace_written=progress.global_step > 0,
-            )
-        )
+        optimizer = getattr(model, "optimizer", None)
+        services.append(SummaryService(writer, timer, optimizer, trace_written=step > 0))
     if chief and options.best_checkpoint_monitor is not None:
         # Before the regular checkpoint: the best value it saves must include this epoch's.
-        best = BestCheckpointService(
-            checkpoint_lib.Checkpointer(
-                f"{model_dir}/best",
-                lambda: checkpoint_lib.training_state(model, extra_state()),
-                max_to_keep=1,
-                global_step=global_step,
-                async_write=options.async_checkpoint,
-            ),
-            options.best_checkpoint_monitor,
-            options.best_checkpoint_mode,
+        best = _checkpointer(options, model, extra_state, global_step, model_dir, place, best=True)
+        services.append(
+            BestCheckpointService(best, options.best_checkpoint_monitor, options.best_checkpoint_mode)
         )
-        if "best_checkpoint" in checkpointer.service_states:
-            best.load_state_dict(checkpointer.service_states["best_checkpoint"])
-        services.append(best)
-    checkpoint_service = CheckpointService(
-        checkpointer,
-        options.checkpoint_every_steps,
-        timer,
-        scratch_dir,
-        save_iterator=data_mode != data_position.POSITION,
+    scratch_dir = None if chief else f"{model_dir}/workers/{worker_name}"
+    save_iterator = data_mode != data_position.POSITION
+    checkpoints = CheckpointService(
+        checkpointer, options.checkpoint_every_steps, timer, scratch_dir, save_iterator=save_iterator
     )
-    services.append(checkpoint_service)
+    services.append(checkpoints)
     if options.preemption_signals and place.single_process:
-        services.append(PreemptionService(options.preemption_signals, checkpoint_service))
+        services.append(PreemptionService(options.preemption_signals, checkpoints))
     elif options.preemption_signals:
         preemption = multiworker_preemption(
-            options.preemption_signals, checkpoint_service, place.cluster_resolver, place.worker
+            options.preemption_signals, checkpoints, place.cluster_resolver, place.worker
         )
         if preemption is not None:
             services.append(preemption)
-    return checkpointer, progress
+    return services
 
 
-def _prepare_data_checkpoint(
-    plan: inputs.EpochPlan, checkpointer: checkpoint_lib.Checkpointer, resume_from: str | None
-) -> str | None:
-    """Chooses how checkpoints keep the data position (that of the checkpoint to resume, if any).
-
-    Returns the mode, or None where the iterators are distributed (never saved).
-    """
-    if not plan.plain_iterators:
-        return None
-    states = checkpointer.read_service_states()
-    if checkpointer.latest is None and resume_from is not None:
-        path, _ = checkpoint_lib.open_checkpoint(resume_from, "resume_from")
-        states = checkpointer.read_service_states(path)
-    mode, plan.dataset = data_position.prepare(plan.dataset, data_position.saved_mode(states))
-    return mode
+def _check_names(services: list[Service]) -> None:
+    """Each service's state is saved under its name: two services of a run cannot share one."""
+    names = [service.name for service in services]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(
+            f"Invalid value for argument `services`. Received: services named {repeated}, which "
+            f"another service of the run uses (the run's services: {names}). Expected a distinct "
+            "`name` for each service: it names the service's state in a checkpoint."
+        )

@@ -165,11 +165,24 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         for service in self.services:
             service.after_call(self, result)
 
+    @property
+    def cut_by_budget(self) -> bool:
+        """Whether the step budget ended the run before the current epoch's last step.
+
+        Such an epoch ends for the call (its hooks and services run), not for
+        the run: its progress stays mid-epoch, so a call with a larger budget
+        trains the rest of it, exactly as one uninterrupted call would.
+        """
+        return (
+            self.finished and self.epoch_steps is not None and self.progress.step_in_epoch < self.epoch_steps
+        )
+
     def end_epoch(self, epoch_logs: dict[str, Any]) -> None:
-        """Moves the progress to the next epoch and runs the services (summaries, then the checkpoint)."""
+        """Moves the progress to the next epoch (not past a budget cut) and runs the services."""
         self.settle()
-        self.progress.epoch += 1
-        self.progress.step_in_epoch = 0
+        if not self.cut_by_budget:
+            self.progress.epoch += 1
+            self.progress.step_in_epoch = 0
         for service in self.services:
             service.end_epoch(self, epoch_logs)
 

@@ -12,3 +12,7 @@ May import: `tftrain.checkpoint`, `engine`, `data`, `summaries`, `timing`,
 `options`, `compat`, `errors`. Never the loops layer or the Trainer: a
 service receives what it acts on through `RunState`.
 """
+
+from tftrain.services.protocol import EveryNSteps, RunState, Service
+
+__all__ = ["EveryNSteps", "RunState", "Service"]

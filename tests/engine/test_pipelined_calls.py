@@ -4,11 +4,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import make_mlp
-from test_training_run import (
+from helpers import (
     STEPS_PER_EPOCH,
     assert_checkpoints_finite,
     loss_of_batch,
+    make_mlp,
     mse_args,
     regression_data,
     values_dataset,

@@ -32,6 +32,7 @@ from tftrain.checkpoint import (
     seed_generator_states,
     training_state,
 )
+from tftrain.services.data_position import DataCheckpointService
 
 RNG = np.random.RandomState(0)
 X = RNG.rand(40, 6).astype("float32")
@@ -714,7 +715,7 @@ def test_a_checkpoint_from_before_data_modes_resumes_its_iterator_exactly(
     # Written as tftrain wrote checkpoints before: the iterator with its buffers, no "data" state.
     reference = uninterrupted(shuffled_dataset, 3)
     monkeypatch.setattr(data_position, "prepare", lambda dataset, saved: ("full", dataset))
-    monkeypatch.setattr(data_position.DataCheckpointService, "state_dict", lambda self: None)
+    monkeypatch.setattr(DataCheckpointService, "state_dict", lambda self: None)
     with pytest.raises(Crash):
         fit(tmp_path, shuffled_dataset, 3, stop_at=7, checkpoint_every_steps=2)
     monkeypatch.undo()

@@ -10,34 +10,25 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import make_mlp, read_run
+from helpers import (
+    BAD_STEP,
+    STEPS_PER_EPOCH,
+    assert_checkpoints_finite,
+    loss_of_batch,
+    make_mlp,
+    mse_args,
+    read_run,
+    regression_data,
+    values_dataset,
+)
 
 import tftrain
 from tftrain import options
 from tftrain.engine import step_loop
 from tftrain.errors import NonFiniteLossError
 
-BATCH_SIZE = 4
-STEPS_PER_EPOCH = 8
-BAD_BATCH = 3  # 0-based batch of the first epoch: global step 4
-BAD_STEP = BAD_BATCH + 1
-
 # Where the engine matters less: one that checks the loss on the host, one that checks it in the graph.
 host_and_graph_checks = pytest.mark.parametrize("engine", ["graph", "loop3"], indirect=True)
-
-
-def regression_data(nan_batch=BAD_BATCH):
-    """32 examples in batches of 4; one target of batch `nan_batch` is NaN (None: no NaN)."""
-    rng = np.random.RandomState(0)
-    x = rng.rand(STEPS_PER_EPOCH * BATCH_SIZE, 6).astype("float32")
-    y = rng.rand(STEPS_PER_EPOCH * BATCH_SIZE, 3).astype("float32")
-    if nan_batch is not None:
-        y[nan_batch * BATCH_SIZE + 1, 2] = np.nan
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
-
-
-def mse_args():
-    return dict(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
 
 
 def test_nan_loss_stops_training_at_that_step(engine):
@@ -65,22 +56,6 @@ def test_no_checkpoint_holds_the_nan(engine, tmp_path):
     assert latest in str(raised.value)  # the error points at the last good checkpoint
     reader = tf.train.load_checkpoint(latest)
     assert int(reader.get_tensor("progress/global_step/.ATTRIBUTES/VARIABLE_VALUE")) == 2
-
-
-def assert_checkpoints_finite(model_dir, bad_step: int) -> str:
-    """Every checkpoint in `model_dir` is of a step before `bad_step` and holds only finite floats; returns the latest."""
-    latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-    assert latest is not None
-    checked = 0
-    for path in tf.train.get_checkpoint_state(str(model_dir / "checkpoints")).all_model_checkpoint_paths:
-        reader = tf.train.load_checkpoint(path)
-        assert int(reader.get_tensor("progress/global_step/.ATTRIBUTES/VARIABLE_VALUE")) < bad_step
-        for key, dtype in reader.get_variable_to_dtype_map().items():
-            if dtype.is_floating:
-                assert np.all(np.isfinite(reader.get_tensor(key))), (path, key)
-                checked += 1
-    assert checked > 0
-    return latest
 
 
 @host_and_graph_checks
@@ -137,17 +112,6 @@ def test_terminate_on_nan_must_be_a_bool():
 
 
 # ------------------------------------------------------------------ loops
-
-
-def loss_of_batch(batch):
-    return {"loss": tf.reduce_mean(batch), "other": tf.constant(1.0)}
-
-
-def values_dataset():
-    """Batches [1.], [2.], [3.], [nan], [5.], ... [9.]."""
-    values = np.arange(1, 10, dtype="float32")
-    values[3] = np.nan
-    return tf.data.Dataset.from_tensor_slices(values).batch(1)
 
 
 loop_engines = pytest.mark.parametrize(

@@ -1,0 +1,83 @@
+"""The fit loop owns its call's target: a step budget after a resume is finished, or extended, as the call asks."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import make_mlp
+
+import tftrain
+
+
+def endless():
+    rng = np.random.RandomState(0)
+    x = rng.rand(40, 6).astype("float32")
+    y = rng.rand(40, 3).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
+
+
+def finite():
+    return endless().take(8)  # 8 steps an epoch
+
+
+def trainer(model_dir=None, **kwargs):
+    return tftrain.Trainer(
+        make_mlp(), keras.optimizers.SGD(0.05), "mse", model_dir=model_dir and str(model_dir), **kwargs
+    )
+
+
+def assert_same_weights(a, b):
+    for left, right in zip(a.model.weights, b.model.weights, strict=True):
+        np.testing.assert_array_equal(left.numpy(), right.numpy())
+
+
+@pytest.mark.parametrize("data", [endless, finite], ids=["endless", "finite"])
+def test_a_larger_step_budget_extends_a_finished_run(tmp_path, data):
+    # Issue 23: a run finished at total_steps=6, rerun with total_steps=14, trained nothing.
+    first = trainer(tmp_path)
+    first.fit(data(), total_steps=6, verbose=0)
+    assert int(first.global_step.numpy()) == 6
+    extended = trainer(tmp_path)
+    history = extended.fit(data(), total_steps=14, verbose=0)
+    assert int(extended.global_step.numpy()) == 14
+    assert history.history["loss"]  # it trained, and says so
+    reference = trainer()
+    reference.fit(data(), total_steps=14, verbose=0)
+    assert_same_weights(extended, reference)  # as if the budget had been 14 from the start
+
+
+def test_rerunning_a_finished_budget_trains_nothing(tmp_path):
+    trainer(tmp_path).fit(finite(), total_steps=10, verbose=0)
+    again = trainer(tmp_path)
+    history = again.fit(finite(), total_steps=10, verbose=0)
+    assert int(again.global_step.numpy()) == 10
+    assert history.history == {}
+
+
+def test_a_branch_from_resume_from_trains_to_its_own_budget(tmp_path):
+    trainer(tmp_path / "run1", checkpoint_every_steps=5).fit(endless(), total_steps=10, verbose=0)
+    branch = trainer(tmp_path / "run2", resume_from=str(tmp_path / "run1" / "checkpoints" / "ckpt-10"))
+    branch.fit(endless(), total_steps=15, verbose=0)
+    assert int(branch.global_step.numpy()) == 15
+    reference = trainer()
+    reference.fit(endless(), total_steps=15, verbose=0)
+    assert_same_weights(branch, reference)
+
+
+def test_a_budget_resumed_mid_epoch_ends_exactly_at_it(tmp_path):
+    class StopAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:  # global step 5 of the first epoch
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer(tmp_path, checkpoint_every_steps=3).fit(
+            finite(), total_steps=20, callbacks=[StopAt()], verbose=0
+        )
+    resumed = trainer(tmp_path)
+    history = resumed.fit(finite(), total_steps=20, verbose=0)
+    assert int(resumed.global_step.numpy()) == 20
+    assert history.epoch == [0, 1, 2]  # the rest of epoch 1 (from step 3), epoch 2, 4 steps of epoch 3
+    reference = trainer()
+    reference.fit(finite(), total_steps=20, verbose=0)
+    assert_same_weights(resumed, reference)
