@@ -18,25 +18,14 @@ import keras
 import tensorflow as tf
 
 from tftrain import evaluation, precision, timing
-from tftrain.compat import keras_internals
-from tftrain.data import fit_checks, inputs
-from tftrain.engine import model_setup, strategy_checks
-from tftrain.loops import fit_loop, inference
+from tftrain.engine import model_setup
+from tftrain.loops import fit_loop, inference, preparation
 from tftrain.loops.engines import Engines
-from tftrain.options import (
-    EngineOptions,
-    RunOptions,
-    check_int,
-    check_validation_every_steps,
-    check_validation_freq,
-    check_validation_split,
-    check_verbose,
-)
-from tftrain.services.protocol import Service
+from tftrain.options import EngineOptions, RunOptions
+from tftrain.services.protocol import Service, check_services
 
 _TRACKED_TYPES = (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable, keras.metrics.Metric)
 _UNTRACKED_NAMES = frozenset({"model", "_global_step"})  # saved by the checkpoint itself
-_MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
 
 
 class Trainer:
@@ -65,26 +54,32 @@ class Trainer:
             is used as compiled (or uncompiled, if its `train_step` needs no `compile`).
         loss: As in `compile`.
         metrics: As in `compile`.
-        use_tf_function, jit_compile, steps_per_loop: How a step runs:
-            eagerly, in `tf.function`, with XLA, and how many steps one host
-            call runs (`"auto"`: chosen from measured call times). See
-            `tftrain.options.EngineOptions`.
+        use_tf_function: Run steps in `tf.function` (True) or eagerly (False).
+        jit_compile: Compile steps with XLA.
+        steps_per_loop: Training steps per host call, or `"auto"` (chosen from
+            measured call times). See `tftrain.options.EngineOptions`.
         strategy: The `tf.distribute.Strategy` to run under; None means the
             model's (`model.distribute_strategy`), as `model.fit` decides. An
-            optimizer instance created outside its scope that holds no state
-            yet is recreated in it.
+            optimizer created outside its scope that holds no state yet is
+            recreated in it.
         measure_timing: Time every host call and build `trainer.timing`.
         mixed_precision: `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`:
-            switch the model's layers to this Keras dtype policy (and, for
-            float16, wrap the optimizer in a `LossScaleOptimizer`). None
-            uses the model as built.
-        model_dir, checkpoint_every_steps, max_to_keep, async_checkpoint,
-            summary_every_steps, profile_steps, terminate_on_nan,
-            preemption_signals, best_checkpoint_monitor, best_checkpoint_mode,
-            resume_from: What a `fit` writes and guards around its steps:
-            checkpoints and TensorBoard files in `model_dir` (a rerun resumes
-            and trains up to the same target), the NaN guard, preemption,
-            the best checkpoint, a warm start. See `tftrain.options.RunOptions`.
+            the Keras dtype policy of the model's layers (float16 also wraps
+            the optimizer in a `LossScaleOptimizer`); None: as built.
+        model_dir: Checkpoints and TensorBoard files; `fit` on a `model_dir`
+            with a checkpoint resumes it and trains up to the same target.
+        checkpoint_every_steps: Also save every this many steps.
+        max_to_keep: Checkpoints kept in `model_dir`.
+        summary_every_steps: Also write training summaries every this many steps.
+        profile_steps: `(start, stop)`: profile these training steps.
+        terminate_on_nan: Stop at the first step whose loss is NaN or infinite.
+        preemption_signals: Signals on which `fit` saves and stops.
+        best_checkpoint_monitor: Also keep the best epoch's checkpoint by this log.
+        best_checkpoint_mode: `"min"`, `"max"` or `"auto"`.
+        resume_from: A checkpoint to start from while `model_dir` has none.
+        async_checkpoint: Write checkpoints in a background thread.
+            Each of `model_dir` to here is a field of
+            `tftrain.options.RunOptions`, which says exactly what it does.
         services: Services of your own (`tftrain.services.Service`), run
             around every `fit`'s steps with the built-in ones (after the NaN
             guard, before the summaries and checkpoints); their state is
@@ -137,20 +132,20 @@ class Trainer:
             best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from, async_checkpoint=async_checkpoint,
         )  # fmt: skip
-        self.services = _check_services(services)
+        self.services = check_services(services)
         self.model, self.model_dir = model, self.run_options.model_dir
         self.strategy = strategy or model.distribute_strategy
         self.measure_timing = bool(measure_timing)
         self.mixed_precision = precision.check_policy(mixed_precision)
-        strategy_checks.check_model_in_scope(model, self.strategy)
-        with self.strategy.scope():  # a LossScaleOptimizer creates variables
-            precision.apply_policy(model, self.mixed_precision)
-            if optimizer is not None or loss is not None or metrics is not None:
-                optimizer = strategy_checks.adopt_optimizer(optimizer, self.strategy)
-                model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
-            elif getattr(model, "optimizer", None) is not None:
-                model.optimizer = strategy_checks.adopt_optimizer(model.optimizer, self.strategy)
-            precision.wrap_model_optimizer(model, self.mixed_precision)
+        model_setup.prepare_model(
+            model,
+            self.strategy,
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            mixed_precision=self.mixed_precision,
+        )
+        with self.strategy.scope():
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
@@ -241,15 +236,9 @@ class Trainer:
         """One prediction step; returns the batch's predictions. By default the model's own `predict_step(batch)`."""
         return self.model.predict_step(batch)
 
-    def final_logs(self, logs: Any, kind: str) -> dict[str, Any]:
-        """A pass's logs as `fit` reports them: the model's metric results where they match the step's logs.
-
-        A subclass's own step (`kind` "train" or "eval") reports what it
-        returns: the model's compiled metrics are not its metrics.
-        """
-        if self._overrides(f"{kind}_step"):
-            return dict(logs or {})
-        return dict(keras_internals.metrics_result_or_logs(self.model, logs or {}))
+    def uses_model_step(self, kind: str) -> bool:
+        """Whether the step of `kind` ("train", "eval", "predict") is the model's own, not a subclass's override."""
+        return getattr(type(self), f"{kind}_step") is getattr(Trainer, f"{kind}_step")
 
     def fit(
         self,
@@ -301,53 +290,10 @@ class Trainer:
             TypeError, ValueError: bad arguments or inputs, raised before any step runs.
             NonFiniteLossError: a loss became NaN or infinite (with `terminate_on_nan`).
         """
-        check_int("epochs", epochs, 0)
-        check_int("initial_epoch", initial_epoch, 0)
-        check_verbose(verbose)
-        validation_freq = check_validation_freq(validation_freq)
-        epochs = inputs.keras_epoch_limit(epochs)
-        self._check_model_step("train")
-        fit_checks.check_resume_sources(callbacks, self.model_dir)
-        if check_validation_split(validation_split) and validation_data is None:
-            (x, y, sample_weight), validation_data = inputs.split_validation(
-                x, y, sample_weight, validation_split
-            )
-        train = inputs.adapt(
-            x, y, sample_weight, batch_size=batch_size, steps=steps_per_epoch, shuffle=shuffle,
-            class_weight=class_weight,
-        )  # fmt: skip
-        if check_int("total_steps", total_steps, optional=True) is not None:
-            train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
-        plan = self._prepare("train", train, "x")
-        fit_checks.check_single_pass(
-            plan,
-            epochs - initial_epoch,
-            "x",
-            "steps_per_epoch",
-            f"epochs={epochs}, initial_epoch={initial_epoch}",
-        )
-        validation_plan = None
-        if validation_data is not None:
-            self._check_model_step("eval")
-            val_x, val_y, val_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
-            val_batch_size = validation_batch_size or (
-                batch_size if inputs.input_kind(val_x) == "arrays" else None
-            )
-            validation = inputs.adapt(
-                val_x, val_y, val_weight, batch_size=val_batch_size, steps=validation_steps,
-                argument="validation_data", steps_argument="validation_steps",
-            )  # fmt: skip
-            validation_plan = self._prepare("eval", validation, "validation_data")
-            count = sum(fit_checks.should_validate(e, validation_freq) for e in range(initial_epoch, epochs))
-            fit_checks.check_single_pass(
-                validation_plan, count, "validation_data", "validation_steps", f"{count} validations"
-            )
-        check_validation_every_steps(validation_every_steps, validation_plan is not None)
-        plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
-        self._build(plan.dataset)
-        call = fit_loop.FitCall(
-            plan, validation_plan, epochs, initial_epoch, total_steps, callbacks, verbose, validation_freq,
-            validation_every_steps,
+        call = preparation.fit_call(
+            self, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
+            class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
+            validation_batch_size, validation_freq, total_steps, validation_every_steps,
         )  # fmt: skip
         history, self.timing = fit_loop.run_fit(self, call)
         return history
@@ -371,13 +317,9 @@ class Trainer:
         Returns:
             The metrics at the end of the pass, as Python floats.
         """
-        check_verbose(verbose)
-        self._check_model_step("eval")
-        data = inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
-        plan = self._prepare("eval", data, "x")
-        self._build(plan.dataset)
-        logs = inference.run_evaluation(self, plan, _callback_list(callbacks, verbose, plan, self.model))
-        return logs if return_dict else keras_internals.flatten_metrics_in_order(self.model, logs)
+        return inference.evaluate(
+            self, x, y, batch_size, verbose, sample_weight, steps, callbacks, return_dict
+        )
 
     def predict(
         self,
@@ -393,9 +335,7 @@ class Trainer:
             The predictions for every example, in the structure the step
             returns: NumPy arrays (ragged or sparse tensors where the outputs are).
         """
-        check_verbose(verbose)
-        plan = self.engines.plan(inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
-        return inference.run_prediction(self, plan, _callback_list(callbacks, verbose, plan, self.model))
+        return inference.predict(self, x, batch_size, verbose, steps, callbacks)
 
     def evaluate_continuously(
         self, x: Any = None, y: Any = None, **kwargs: Any
@@ -438,52 +378,3 @@ class Trainer:
                 "built model: train it first, call it once on a batch, or `model.build(input_shape)`."
             )
         self.model.export(filepath, **kwargs)
-
-    def _overrides(self, name: str) -> bool:
-        return getattr(type(self), name) is not getattr(Trainer, name)
-
-    def _check_model_step(self, kind: str) -> None:
-        """Before any step runs: the default steps need a compiled model (and optimizer)."""
-        if not self._overrides(f"{kind}_step"):
-            model_setup.check_compiled_for(self.model, _MODEL_STEPS[kind], f"{kind}_step")
-
-    def _prepare(self, kind: str, data: inputs.AdaptedInput, argument: str) -> inputs.EpochPlan:
-        """The plan over adapted inputs, checked before any step: batched, targets, an even global batch."""
-        plan = self.engines.plan(data)
-        default = not self._overrides(f"{kind}_step") and model_setup.uses_default_step(
-            self.model, _MODEL_STEPS[kind]
-        )
-        model_setup.check_data(self.model, plan.dataset, argument, self.strategy, default_step=default)
-        return plan
-
-    def _build(self, dataset: tf.data.Dataset) -> None:
-        """Creates the model's, metrics' and optimizer's variables before the first trace."""
-        default = not self._overrides("train_step") and model_setup.uses_default_step(
-            self.model, "train_step"
-        )
-        model_setup.build_variables(self.model, dataset, self.strategy, default_train_step=default)
-
-
-def _callback_list(callbacks: Any, verbose: int | str, plan: inputs.EpochPlan, model: keras.Model):
-    """The `CallbackList` of one evaluation or prediction pass, as Keras builds it."""
-    return keras.callbacks.CallbackList(
-        callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=model
-    )
-
-
-def _check_services(services: Any) -> tuple[Service, ...]:
-    """`services` as a tuple of `Service` instances with distinct names."""
-    services = tuple(services or ())
-    for service in services:
-        if not isinstance(service, Service):
-            raise TypeError(
-                f"Invalid value for argument `services`. Received: an object of type {type(service).__name__}. "
-                "Expected instances of tftrain.services.Service (subclass it and override its methods)."
-            )
-    names = [service.name for service in services]
-    if len(set(names)) != len(names):
-        raise ValueError(
-            f"Invalid value for argument `services`. Received: services named {names}. Expected distinct "
-            "`name`s: each names the service's state in a checkpoint."
-        )
-    return services

@@ -12,6 +12,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain import precision
 from tftrain.compat import keras_internals
 from tftrain.data import fit_checks, inputs
 from tftrain.engine import strategy_checks
@@ -87,3 +88,33 @@ def build_variables(
         elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
     strategy_checks.check_model_in_scope(model, strategy)
+
+
+def prepare_model(
+    model: keras.Model,
+    strategy: tf.distribute.Strategy,
+    *,
+    optimizer: Any = None,
+    loss: Any = None,
+    metrics: Any = None,
+    mixed_precision: str | None = None,
+) -> None:
+    """Readies a model for the Trainer under `strategy`: its dtype policy, `compile`, and an optimizer of the strategy.
+
+    The model is compiled with `optimizer`, `loss` and `metrics` if any is
+    given (else used as compiled); an optimizer created outside the
+    strategy's scope that holds no state yet is recreated in it; with
+    `"mixed_float16"` the optimizer is wrapped in a `LossScaleOptimizer`.
+
+    Raises:
+        ValueError: the model's variables do not belong to `strategy`.
+    """
+    strategy_checks.check_model_in_scope(model, strategy)
+    with strategy.scope():  # a LossScaleOptimizer creates variables
+        precision.apply_policy(model, mixed_precision)
+        if optimizer is not None or loss is not None or metrics is not None:
+            optimizer = strategy_checks.adopt_optimizer(optimizer, strategy)
+            model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
+        elif getattr(model, "optimizer", None) is not None:
+            model.optimizer = strategy_checks.adopt_optimizer(model.optimizer, strategy)
+        precision.wrap_model_optimizer(model, mixed_precision)

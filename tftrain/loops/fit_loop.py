@@ -11,7 +11,6 @@ every callback hook, its order and its logs.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -21,41 +20,14 @@ import tensorflow as tf
 from tftrain import timing
 from tftrain.compat import keras_internals
 from tftrain.data import fit_checks
-from tftrain.data.inputs import EpochPlan
 from tftrain.loops import epoch_loop, hooks, inference, run_setup
 from tftrain.loops.owner import StepOwner
+from tftrain.loops.preparation import FitCall
 from tftrain.loops.training_run import TrainingRun
 from tftrain.options import check_verbose
 from tftrain.services.periodic_validation import PeriodicValidation
 
-__all__ = ["FitCall", "run_fit"]
-
-
-@dataclasses.dataclass(frozen=True)
-class FitCall:
-    """One `fit` call's data, target and callbacks, checked by the Trainer.
-
-    Attributes:
-        plan: The training data.
-        validation_plan: The validation data, or None.
-        epochs: The epoch to train up to (exclusive), as `fit`'s `epochs`.
-        initial_epoch: Where a run with nothing to resume starts.
-        total_steps: A step budget (the target instead of `epochs`), or None.
-        callbacks: The user's Keras callbacks.
-        verbose: `fit`'s `verbose`.
-        validation_freq: Validate after these epochs (`fit`'s meaning).
-        validation_every_steps: Also validate every this many global steps, or None.
-    """
-
-    plan: EpochPlan
-    validation_plan: EpochPlan | None
-    epochs: int
-    initial_epoch: int
-    total_steps: int | None
-    callbacks: Any
-    verbose: int | str
-    validation_freq: int | list[int]
-    validation_every_steps: int | None
+__all__ = ["run_fit"]
 
 
 def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, timing.TimingReport]:
@@ -141,7 +113,7 @@ def _train_epoch(
         run=run,
         should_stop=lambda: owner.model.stop_training,
     )
-    epoch_logs = owner.final_logs(logs, "train")
+    epoch_logs = inference.pass_logs(owner, logs, "train")
     if call.validation_plan is not None and fit_checks.should_validate(epoch, call.validation_freq):
         with tf.summary.record_if(False):  # the writer in fit is the training step's
             val_logs = inference.run_evaluation(owner, call.validation_plan, callback_list)

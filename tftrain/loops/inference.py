@@ -14,11 +14,71 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.compat import keras_internals
+from tftrain.data import inputs
 from tftrain.data.inputs import EpochPlan
-from tftrain.loops import epoch_loop, hooks
+from tftrain.loops import epoch_loop, hooks, preparation
 from tftrain.loops.owner import StepOwner
+from tftrain.options import check_verbose
 
-__all__ = ["run_evaluation", "run_prediction", "validate_mid_epoch"]
+__all__ = [
+    "callback_list",
+    "evaluate",
+    "pass_logs",
+    "predict",
+    "run_evaluation",
+    "run_prediction",
+    "validate_mid_epoch",
+]
+
+
+def evaluate(
+    owner: StepOwner,
+    x: Any,
+    y: Any,
+    batch_size: int | None,
+    verbose: int | str,
+    sample_weight: Any,
+    steps: int | None,
+    callbacks: Any,
+    return_dict: bool,
+) -> dict[str, float] | list[float] | float:
+    """`Trainer.evaluate` (its arguments in its order): checks, adapts the inputs, runs one evaluation pass."""
+    check_verbose(verbose)
+    preparation.check_step(owner, "eval")
+    data = inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
+    plan = preparation.plan_for(owner, "eval", data, "x")
+    preparation.build(owner, plan.dataset)
+    logs = run_evaluation(owner, plan, callback_list(callbacks, verbose, plan, owner.model))
+    return logs if return_dict else keras_internals.flatten_metrics_in_order(owner.model, logs)
+
+
+def predict(
+    owner: StepOwner, x: Any, batch_size: int | None, verbose: int | str, steps: int | None, callbacks: Any
+) -> Any:
+    """`Trainer.predict` (its arguments in its order): adapts the inputs, runs one prediction pass."""
+    check_verbose(verbose)
+    plan = owner.engines.plan(inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
+    return run_prediction(owner, plan, callback_list(callbacks, verbose, plan, owner.model))
+
+
+def callback_list(
+    callbacks: Any, verbose: int | str, plan: EpochPlan, model: keras.Model
+) -> keras.callbacks.CallbackList:
+    """The `CallbackList` of one evaluation or prediction pass, as Keras's `evaluate`/`predict` build it."""
+    return keras.callbacks.CallbackList(
+        callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=plan.steps, model=model
+    )
+
+
+def pass_logs(owner: StepOwner, logs: Any, kind: str) -> dict[str, Any]:
+    """A pass's logs as `fit` reports them: the model's metric results where they match the step's logs.
+
+    A step of the owner's own (`kind` "train" or "eval") reports what it
+    returns: the model's compiled metrics are not its metrics.
+    """
+    if not owner.uses_model_step(kind):
+        return dict(logs or {})
+    return dict(keras_internals.metrics_result_or_logs(owner.model, logs or {}))
 
 
 def run_evaluation(
@@ -36,7 +96,7 @@ def run_evaluation(
         steps_per_loop=owner.engines.steps_per_call("eval", callback_list),
         should_stop=lambda: getattr(owner.model, "stop_evaluating", False),
     )
-    results = keras_internals.pythonify_logs(owner.final_logs(logs, "eval"))
+    results = keras_internals.pythonify_logs(pass_logs(owner, logs, "eval"))
     callback_list.on_test_end(results)
     return results
 

@@ -47,5 +47,5 @@ class StepOwner(Protocol):
     def checkpoint_state(self) -> dict[str, Any]:
         """The training state saved with every checkpoint besides the model and its optimizer."""
 
-    def final_logs(self, logs: Any, kind: str) -> dict[str, Any]:
-        """A pass's logs as `fit` reports them (`kind`: "train" or "eval")."""
+    def uses_model_step(self, kind: str) -> bool:
+        """Whether the step of `kind` ("train", "eval", "predict") is the model's own, not the owner's."""

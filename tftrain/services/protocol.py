@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tftrain.checkpoint import Progress
     from tftrain.engine.step_loop import LoopResult
 
-__all__ = ["EveryNSteps", "RunState", "Service"]
+__all__ = ["EveryNSteps", "RunState", "Service", "check_services"]
 
 
 class RunState(Protocol):
@@ -145,3 +145,21 @@ class EveryNSteps:
         if self.every_steps is None:
             return False
         return step // self.every_steps > before // self.every_steps
+
+
+def check_services(services: Any) -> tuple[Service, ...]:
+    """`Trainer(services=...)` as a tuple of `Service` instances with distinct names."""
+    services = tuple(services or ())
+    for service in services:
+        if not isinstance(service, Service):
+            raise TypeError(
+                f"Invalid value for argument `services`. Received: an object of type {type(service).__name__}. "
+                "Expected instances of tftrain.services.Service (subclass it and override its methods)."
+            )
+    names = [service.name for service in services]
+    if len(set(names)) != len(names):
+        raise ValueError(
+            f"Invalid value for argument `services`. Received: services named {names}. Expected distinct "
+            "`name`s: each names the service's state in a checkpoint."
+        )
+    return services

@@ -1,0 +1,155 @@
+"""Before any step runs: a call's arguments checked, its inputs adapted into plans, the variables built.
+
+What `Trainer.fit`, `evaluate` and `predict` do before their loops, in the
+order Keras's `fit` does it: argument checks, the validation split, inputs
+through Keras's adapters, the step budget, checks of the data against the
+model and the strategy, then the variables created before the first trace.
+Every error here is raised before any step runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain.data import fit_checks, inputs
+from tftrain.engine import model_setup
+from tftrain.loops.owner import StepOwner
+from tftrain.options import (
+    check_int,
+    check_validation_every_steps,
+    check_validation_freq,
+    check_validation_split,
+    check_verbose,
+)
+
+__all__ = ["FitCall", "build", "check_step", "fit_call", "plan_for"]
+
+_MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
+
+
+@dataclasses.dataclass(frozen=True)
+class FitCall:
+    """One `fit` call's data, target and callbacks, checked by the Trainer.
+
+    Attributes:
+        plan: The training data.
+        validation_plan: The validation data, or None.
+        epochs: The epoch to train up to (exclusive), as `fit`'s `epochs`.
+        initial_epoch: Where a run with nothing to resume starts.
+        total_steps: A step budget (the target instead of `epochs`), or None.
+        callbacks: The user's Keras callbacks.
+        verbose: `fit`'s `verbose`.
+        validation_freq: Validate after these epochs (`fit`'s meaning).
+        validation_every_steps: Also validate every this many global steps, or None.
+    """
+
+    plan: inputs.EpochPlan
+    validation_plan: inputs.EpochPlan | None
+    epochs: int
+    initial_epoch: int
+    total_steps: int | None
+    callbacks: Any
+    verbose: int | str
+    validation_freq: int | list[int]
+    validation_every_steps: int | None
+
+
+def check_step(owner: StepOwner, kind: str) -> None:
+    """The model's default steps need a compiled model (and an optimizer, to train)."""
+    if owner.uses_model_step(kind):
+        model_setup.check_compiled_for(owner.model, _MODEL_STEPS[kind], f"{kind}_step")
+
+
+def plan_for(owner: StepOwner, kind: str, data: inputs.AdaptedInput, argument: str) -> inputs.EpochPlan:
+    """The plan over adapted inputs, checked: batched, targets where the loss needs them, an even global batch."""
+    plan = owner.engines.plan(data)
+    default = owner.uses_model_step(kind) and model_setup.uses_default_step(owner.model, _MODEL_STEPS[kind])
+    model_setup.check_data(owner.model, plan.dataset, argument, owner.engines.strategy, default_step=default)
+    return plan
+
+
+def build(owner: StepOwner, dataset: tf.data.Dataset) -> None:
+    """Creates the model's, metrics' and optimizer's variables before the first trace."""
+    default = owner.uses_model_step("train") and model_setup.uses_default_step(owner.model, "train_step")
+    model_setup.build_variables(owner.model, dataset, owner.engines.strategy, default_train_step=default)
+
+
+def fit_call(
+    owner: StepOwner,
+    x: Any,
+    y: Any,
+    batch_size: int | None,
+    epochs: int,
+    verbose: int | str,
+    callbacks: Any,
+    validation_split: float,
+    validation_data: Any,
+    shuffle: bool | str,
+    class_weight: dict[int, float] | None,
+    sample_weight: Any,
+    initial_epoch: int,
+    steps_per_epoch: int | None,
+    validation_steps: int | None,
+    validation_batch_size: int | None,
+    validation_freq: int | list[int],
+    total_steps: int | None,
+    validation_every_steps: int | None,
+) -> FitCall:
+    """`Trainer.fit`'s arguments (in its order) checked and adapted into a `FitCall`, its variables built."""
+    check_int("epochs", epochs, 0)
+    check_int("initial_epoch", initial_epoch, 0)
+    check_verbose(verbose)
+    validation_freq = check_validation_freq(validation_freq)
+    epochs = inputs.keras_epoch_limit(epochs)
+    check_step(owner, "train")
+    fit_checks.check_resume_sources(callbacks, owner.run_options.model_dir)
+    if check_validation_split(validation_split) and validation_data is None:
+        (x, y, sample_weight), validation_data = inputs.split_validation(
+            x, y, sample_weight, validation_split
+        )
+    train = inputs.adapt(
+        x,
+        y,
+        sample_weight,
+        batch_size=batch_size,
+        steps=steps_per_epoch,
+        shuffle=shuffle,
+        class_weight=class_weight,
+    )
+    if check_int("total_steps", total_steps, optional=True) is not None:
+        train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
+    plan = plan_for(owner, "train", train, "x")
+    fit_checks.check_single_pass(
+        plan,
+        epochs - initial_epoch,
+        "x",
+        "steps_per_epoch",
+        f"epochs={epochs}, initial_epoch={initial_epoch}",
+    )
+    validation_plan = None
+    if validation_data is not None:
+        check_step(owner, "eval")
+        val_x, val_y, val_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
+        val_batch_size = validation_batch_size or (
+            batch_size if inputs.input_kind(val_x) == "arrays" else None
+        )
+        validation = inputs.adapt(
+            val_x, val_y, val_weight, batch_size=val_batch_size, steps=validation_steps,
+            argument="validation_data", steps_argument="validation_steps",
+        )  # fmt: skip
+        validation_plan = plan_for(owner, "eval", validation, "validation_data")
+        count = sum(fit_checks.should_validate(e, validation_freq) for e in range(initial_epoch, epochs))
+        fit_checks.check_single_pass(
+            validation_plan, count, "validation_data", "validation_steps", f"{count} validations"
+        )
+    check_validation_every_steps(validation_every_steps, validation_plan is not None)
+    plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
+    build(owner, plan.dataset)
+    return FitCall(
+        plan, validation_plan, epochs, initial_epoch, total_steps, callbacks, verbose, validation_freq,
+        validation_every_steps,
+    )  # fmt: skip
