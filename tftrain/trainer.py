@@ -264,16 +264,15 @@ class Trainer:
     ) -> keras.callbacks.History:
         """Trains the model, as `keras.Model.fit` does: same arguments, defaults, inputs and callback hooks.
 
-        Keras's arguments mean what they mean in Keras 3's `fit` (inputs go
-        through Keras's own adapters; `verbose` 1 or 2 also prints the timing
-        summary). With `model_dir`, a rerun resumes exactly where a killed run
-        stopped and trains up to the same target.
+        `x`, `y`, `batch_size`, `epochs`, `verbose`, `callbacks`,
+        `validation_split`, `validation_data`, `shuffle`, `class_weight`,
+        `sample_weight`, `initial_epoch`, `steps_per_epoch`, `validation_steps`,
+        `validation_batch_size` and `validation_freq` mean what they mean in
+        Keras 3's `fit` (inputs go through Keras's own adapters; `verbose` 1 or
+        2 also prints the timing summary). With `model_dir`, a rerun resumes
+        exactly where a killed run stopped and trains up to the same target.
 
         Args:
-            x, y, batch_size, epochs, verbose, callbacks, validation_split,
-                validation_data, shuffle, class_weight, sample_weight,
-                initial_epoch, steps_per_epoch, validation_steps,
-                validation_batch_size, validation_freq: As in `keras.Model.fit`.
             total_steps: (tftrain) A step budget: train until this many steps
                 in all, the last epoch cut short; `epochs` follows from it
                 (data that never ends, without `steps_per_epoch`, makes one

@@ -33,25 +33,29 @@ def without_save_info() -> Iterator[None]:
     if not _info_shown():
         yield
         return
-    try:
-        stderr_fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # no file behind sys.stderr (e.g. a notebook)
-        yield
-        return
-    sys.stderr.flush()
+    stderr_fd = 2  # where TensorFlow's C++ logging writes, whatever `sys.stderr` is
+    _flush_python_stderr()
     saved_fd = os.dup(stderr_fd)
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), stderr_fd)
         try:
             yield
         finally:
-            sys.stderr.flush()
+            _flush_python_stderr()
             os.dup2(saved_fd, stderr_fd)
             os.close(saved_fd)
             captured.seek(0)
             kept = [line for line in captured.read().splitlines(keepends=True) if not _is_save_info(line)]
             if kept:
                 os.write(stderr_fd, b"".join(kept))
+
+
+def _flush_python_stderr() -> None:
+    """Writes out what Python buffered for stderr, so it lands before (or inside) the capture, in order."""
+    try:
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 def _is_save_info(line: bytes) -> bool:

@@ -1,0 +1,51 @@
+"""TensorFlow's per-save INFO line is kept out of the log; every other line still shows."""
+
+import os
+import subprocess
+import sys
+
+from tftrain.checkpoint import native_log
+
+SAVE_INFO = b"I0000 00:00:1796457160.587880    3692 iterator_ops.cc:206] Saving symbolic checkpoint\n"
+
+
+def test_only_the_save_info_line_is_dropped(capfd, monkeypatch):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    with native_log.without_save_info():
+        os.write(2, SAVE_INFO)
+        os.write(2, b"W0000 00:00:1.0 something.cc:1] a warning that stays\n")
+        os.write(2, b"E0000 00:00:1.0 other.cc:2] Saving symbolic checkpoint failed: an error that stays\n")
+    err = capfd.readouterr().err
+    assert "iterator_ops.cc:206] Saving symbolic checkpoint\n" not in err
+    assert "a warning that stays" in err
+    assert "an error that stays" in err
+
+
+def test_nothing_is_captured_when_info_lines_are_off(capfd, monkeypatch):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    with native_log.without_save_info():
+        os.write(2, SAVE_INFO)
+    assert "Saving symbolic checkpoint" in capfd.readouterr().err
+
+
+_FIT_WITH_CHECKPOINTS = """
+import sys, numpy as np, tensorflow as tf, tftrain, keras
+data = tf.data.Dataset.from_tensor_slices((np.ones((32, 6), "float32"), np.ones((32, 3), "float32"))).batch(4)
+model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+trainer = tftrain.Trainer(model, "sgd", "mse", model_dir=sys.argv[1], checkpoint_every_steps=2)
+trainer.fit(data, epochs=1, verbose=0)
+print("saves", trainer.timing.checkpoint_saves)
+"""
+
+
+def test_fit_with_checkpoints_prints_no_save_info_line(tmp_path):
+    # A fresh process: TensorFlow reads its C++ log level once, at load (the tests' own is quieter).
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}
+    result = subprocess.run(
+        [sys.executable, "-c", _FIT_WITH_CHECKPOINTS, str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "saves 4" in result.stdout
+    assert "iterator_ops" not in result.stderr  # the save's INFO line
+    assert "I0000" in result.stderr  # TensorFlow's other INFO lines still show
