@@ -3,8 +3,12 @@
 The storage layer. It knows nothing of the loop or of services: it imports
 only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
 
-- `checkpointer`: `Checkpointer` (save, find, validate, restore), `Progress`,
-  `training_state`, `restore_model`.
+- `checkpointer`: `Checkpointer` (save; find -> validate -> restore).
+- `state`: what a checkpoint holds (`Progress`, `training_state`), and
+  `restore_model`.
+- `files`: a checkpoint directory's files (recorded checkpoints, leftovers
+  of interrupted saves, damaged ones set aside).
+- `native_log`: TensorFlow's per-save INFO line kept out of the log.
 - `validation`: reading a checkpoint whole and checking it against the model
   before anything is assigned.
 - `warm_start`: initializing a new run from another run's checkpoint.
@@ -12,14 +16,9 @@ only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
 - `data_position`: how a checkpoint keeps the input pipeline's position.
 """
 
-from tftrain.checkpoint.checkpointer import (
-    CHECKPOINT_NAME,
-    Checkpointer,
-    Progress,
-    restore_model,
-    seed_generator_states,
-    training_state,
-)
+from tftrain.checkpoint.checkpointer import Checkpointer
+from tftrain.checkpoint.files import CHECKPOINT_NAME
+from tftrain.checkpoint.state import Progress, restore_model, seed_generator_states, training_state
 from tftrain.checkpoint.validation import ensure_writable_directory, open_checkpoint
 from tftrain.checkpoint.warm_start import WarmStartReport, warm_start
 from tftrain.errors import (

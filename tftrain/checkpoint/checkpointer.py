@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import keras
 import tensorflow as tf
 
-from tftrain.checkpoint import native_log
+from tftrain.checkpoint import files, native_log
+from tftrain.checkpoint.files import CHECKPOINT_NAME
+from tftrain.checkpoint.state import SERVICE_STATES_KEY, Progress, parse_service_states
 from tftrain.checkpoint.validation import (
     VARIABLE_SUFFIX,
     CorruptCheckpointError,
@@ -42,60 +42,6 @@ from tftrain.checkpoint.validation import (
 from tftrain.compat import keras_internals
 from tftrain.errors import NonFiniteStateError
 from tftrain.options import check_int
-
-CHECKPOINT_NAME = "ckpt"
-
-
-@dataclasses.dataclass
-class Progress:
-    """Where a training run is.
-
-    Attributes:
-        epoch: The epoch being trained (epochs completed, at an epoch end).
-        step_in_epoch: Steps done in `epoch`.
-        global_step: Training steps done in the whole run.
-        batches_in_pass: Batches the training iterator has yielded since it
-            started its current pass over the data (used to resume by
-            skipping batches where the iterator itself cannot be saved).
-    """
-
-    epoch: int = 0
-    step_in_epoch: int = 0
-    global_step: int = 0
-    batches_in_pass: int = 0
-
-
-def seed_generator_states(model: keras.Model) -> list[keras.Variable]:
-    """The model's random-generator states: its variables that are not weights.
-
-    Keras layers that draw random numbers (Dropout, GaussianNoise, random
-    augmentation) keep a `SeedGenerator` whose state is a variable listed in
-    `model.variables` but not in `model.weights`.
-    """
-    weights = {id(variable) for variable in model.weights}
-    return [variable for variable in model.variables if id(variable) not in weights]
-
-
-def training_state(
-    model: keras.Model, extra: Mapping[str, Any] | None = None, *, metrics: bool = True
-) -> dict[str, Any]:
-    """The trackable objects that make up a model's training state.
-
-    Args:
-        model: The model (its optimizer comes with it).
-        extra: More trackables to save by name, e.g. a second optimizer.
-        metrics: Include the metrics' state (needed to resume mid-epoch).
-
-    Returns:
-        A dict of name -> trackable for `tf.train.Checkpoint`.
-    """
-    state: dict[str, Any] = {"model": model, "seed_states": seed_generator_states(model)}
-    if metrics:
-        state["metrics"] = [variable for metric in model.metrics for variable in metric.variables]
-    if getattr(model, "optimizer", None) is not None:
-        state["optimizer"] = model.optimizer
-    state.update(extra or {})
-    return state
 
 
 def _is_checkpointable_iterator(iterator: Any) -> bool:
@@ -213,62 +159,9 @@ class Checkpointer:
     def _read_only(self) -> bool:
         return self.restore_directory != self.directory
 
-    def _recorded(self, directory: str | None = None) -> list[str] | None:
-        """Recorded checkpoints (oldest first); None if the state file cannot be parsed."""
-        directory = directory or self.directory
-        try:
-            state = tf.train.get_checkpoint_state(directory)
-            # TensorFlow logs a state file it cannot parse and returns None, as for none at all.
-            if state is None and tf.io.gfile.exists(tf.io.gfile.join(directory, "checkpoint")):
-                raise ValueError("it does not parse as a checkpoint state")
-        except Exception as error:  # a damaged state file: a protobuf parse error
-            warnings.warn(
-                f"The checkpoint state file in {directory} cannot be read ({error}); looking for "
-                "checkpoint files directly.",
-                stacklevel=3,
-            )
-            return None
-        return list(state.all_model_checkpoint_paths) if state else []
-
-    def _found_on_disk(self, directory: str) -> list[str]:
-        if not tf.io.gfile.isdir(directory):
-            return []
-        pattern = re.compile(rf"^{CHECKPOINT_NAME}-(\d+)\.index$")
-        numbers = sorted(
-            int(match.group(1)) for name in tf.io.gfile.listdir(directory) if (match := pattern.match(name))
-        )
-        return [tf.io.gfile.join(directory, f"{CHECKPOINT_NAME}-{n}") for n in numbers]
-
     def clean_leftovers(self) -> list[str]:
-        """Removes what an interrupted save left behind; returns the removed paths.
-
-        That is: temporary shard directories (`ckpt-N_temp`), temporary state
-        files (`checkpoint.tmp...`), and checkpoint files that the state file
-        does not record (a save killed before it was recorded).
-        """
-        recorded = self._recorded()
-        kept = (
-            None
-            if recorded is None
-            else {tf.io.gfile.join(self.directory, p.split("/")[-1]) for p in recorded}
-        )
-        file_pattern = re.compile(rf"^({CHECKPOINT_NAME}-\d+)\.(index|data-\d+-of-\d+)$")
-        removed = []
-        for name in tf.io.gfile.listdir(self.directory):
-            name = name.rstrip("/")
-            full = tf.io.gfile.join(self.directory, name)
-            if name.startswith(f"{CHECKPOINT_NAME}-") and "_temp" in name and tf.io.gfile.isdir(full):
-                tf.io.gfile.rmtree(full)
-            elif name.startswith("checkpoint.tmp"):
-                tf.io.gfile.remove(full)
-            elif (match := file_pattern.match(name)) and kept is not None:
-                if tf.io.gfile.join(self.directory, match.group(1)) in kept:
-                    continue
-                tf.io.gfile.remove(full)
-            else:
-                continue
-            removed.append(full)
-        return removed
+        """Removes what an interrupted save left in `directory` (`tftrain.checkpoint.files.clean_leftovers`)."""
+        return files.clean_leftovers(self.directory)
 
     # ---------------------------------------------------------------- restore
 
@@ -308,10 +201,8 @@ class Checkpointer:
         self.sync()  # a pending write's files are not leftovers
         if not self._read_only:
             self.clean_leftovers()
-        recorded = self._recorded(self.restore_directory)
-        candidates = self._found_on_disk(self.restore_directory) if recorded is None else recorded
         failures = []
-        for path in reversed(candidates):
+        for path in reversed(files.candidates(self.restore_directory)):
             try:
                 reader, states = self._validate(path)
                 if prepare is not None:
@@ -328,7 +219,8 @@ class Checkpointer:
                 )
                 continue
             if failures and not self._read_only:
-                self._drop_newer(path, [failed for failed, _ in failures])
+                files.set_aside(self.directory, path, [failed for failed, _ in failures])
+                self._manager = None  # re-read the corrected state file
             return progress
         if failures:
             listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in failures)
@@ -374,8 +266,8 @@ class Checkpointer:
         """Reads every tensor of a checkpoint and its services' states; raises if it is damaged."""
         reader = tf.train.load_checkpoint(path)
         read_all_tensors(reader)
-        key = _SERVICE_STATES_KEY
-        return reader, _parse_service_states(reader.get_tensor(key) if reader.has_tensor(key) else b"")
+        key = SERVICE_STATES_KEY
+        return reader, parse_service_states(reader.get_tensor(key) if reader.has_tensor(key) else b"")
 
     def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
         # Separate roots for reading: TF keeps a pending ("deferred") restore for any
@@ -409,7 +301,7 @@ class Checkpointer:
         self._root.save_counter.assign(state_root.save_counter)
         progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
         self.iterator_restored = restore_iterator
-        self.service_states = _parse_service_states(self._service_states.numpy())
+        self.service_states = parse_service_states(self._service_states.numpy())
         self.restored_path = path
         return progress
 
@@ -429,18 +321,6 @@ class Checkpointer:
             return self._validate(path)[1]
         except Exception:  # a damaged checkpoint (any read error): nothing to tell
             return None
-
-    def _drop_newer(self, good: str, damaged: list[str]) -> None:
-        """Makes `good` the latest checkpoint; renames the damaged files aside."""
-        for prefix in damaged:
-            for name in tf.io.gfile.glob(prefix + ".*"):
-                if not name.endswith(".corrupt"):
-                    tf.io.gfile.rename(name, name + ".corrupt", overwrite=True)
-        kept = [path for path in self._recorded() or [] if path not in damaged]
-        tf.compat.v1.train.update_checkpoint_state(
-            self.directory, model_checkpoint_path=good, all_model_checkpoint_paths=kept
-        )
-        self._manager = None  # re-read the corrected state file
 
     # ------------------------------------------------------------------- save
 
@@ -576,68 +456,3 @@ class Checkpointer:
         self._root.save_counter.assign(counter)
         self._manager = None
         self._async_objects = None
-
-
-def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = True) -> str:
-    """Restores a model (and its optimizer) from a tftrain checkpoint, validated first.
-
-    For evaluating or exporting a saved state: the best checkpoint
-    (`model_dir/best`), a chosen step (`model_dir/checkpoints/ckpt-3000`).
-    Every tensor is read and every variable checked by name and shape before
-    anything is assigned, as a resuming `fit` does; the rest of the saved
-    state (progress, data iterator, metrics) is left alone.
-
-    Args:
-        model: The model, built (its variables exist).
-        path: A checkpoint path prefix (`.../ckpt-3000`), or a directory
-            (its latest checkpoint is used).
-        include_optimizer: Also restore `model.optimizer`'s state (its
-            variables are created first if needed).
-
-    Returns:
-        The checkpoint path restored.
-
-    Raises:
-        CheckpointError: `path` holds no checkpoint.
-        CorruptCheckpointError: the checkpoint cannot be read.
-        IncompatibleCheckpointError: it does not fit the model (nothing restored).
-        ValueError: the model is not built.
-    """
-    path, reader = open_checkpoint(path)
-    if not model.built:
-        raise ValueError(
-            f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
-            "built model: call it once on a batch, or `model.build(input_shape)`."
-        )
-    _read_every_tensor(path, reader)
-    state: dict[str, Any] = {"model": model}
-    optimizer = getattr(model, "optimizer", None)
-    if include_optimizer and optimizer is not None:
-        if not optimizer.built:
-            optimizer.build(model.trainable_variables)
-        state["optimizer"] = optimizer
-    root = tf.train.Checkpoint(**state)
-    check_compatible(path, reader, root, only=tuple(state))
-    root.read(path).expect_partial()
-    return path
-
-
-def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:
-    """Reads every tensor once, so a damaged file fails before anything is assigned."""
-    try:
-        read_all_tensors(reader)
-    except tf.errors.OpError as error:
-        raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-
-
-# The services' states, as JSON, saved under the key "timing" (see `Checkpointer`).
-_SERVICE_STATES_KEY = "timing" + VARIABLE_SUFFIX
-
-
-def _parse_service_states(saved: bytes) -> dict[str, Any]:
-    """The services' states from a checkpoint's JSON string."""
-    text = saved.decode() if isinstance(saved, bytes) else str(saved)
-    states = json.loads(text) if text else {}
-    if "timer" in states:  # a checkpoint written before services kept state: the timer's alone
-        states = {"timing": states}
-    return states

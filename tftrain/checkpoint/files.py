@@ -1,0 +1,91 @@
+"""The files of a checkpoint directory: which checkpoints it records, what an interrupted save left, damaged ones set aside.
+
+A checkpoint `ckpt-N` is its `ckpt-N.index` and `ckpt-N.data-*` files,
+recorded in the directory's `checkpoint` state file once complete (an atomic
+rename), so a save killed midway leaves the previous checkpoint the latest.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import tensorflow as tf
+
+__all__ = ["CHECKPOINT_NAME", "candidates", "clean_leftovers", "recorded", "set_aside"]
+
+CHECKPOINT_NAME = "ckpt"
+
+
+def recorded(directory: str) -> list[str] | None:
+    """The checkpoints the state file records (oldest first); None if it cannot be parsed (warned)."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+        # TensorFlow logs a state file it cannot parse and returns None, as for none at all.
+        if state is None and tf.io.gfile.exists(tf.io.gfile.join(directory, "checkpoint")):
+            raise ValueError("it does not parse as a checkpoint state")
+    except Exception as error:  # a damaged state file: a protobuf parse error
+        warnings.warn(
+            f"The checkpoint state file in {directory} cannot be read ({error}); looking for "
+            "checkpoint files directly.",
+            stacklevel=4,
+        )
+        return None
+    return list(state.all_model_checkpoint_paths) if state else []
+
+
+def _found_on_disk(directory: str) -> list[str]:
+    if not tf.io.gfile.isdir(directory):
+        return []
+    pattern = re.compile(rf"^{CHECKPOINT_NAME}-(\d+)\.index$")
+    numbers = sorted(
+        int(match.group(1)) for name in tf.io.gfile.listdir(directory) if (match := pattern.match(name))
+    )
+    return [tf.io.gfile.join(directory, f"{CHECKPOINT_NAME}-{n}") for n in numbers]
+
+
+def candidates(directory: str) -> list[str]:
+    """The checkpoints to restore from, oldest first: those recorded, or, if the state file is damaged, those on disk."""
+    listed = recorded(directory)
+    return _found_on_disk(directory) if listed is None else listed
+
+
+def clean_leftovers(directory: str) -> list[str]:
+    """Removes what an interrupted save left behind in `directory`; returns the removed paths.
+
+    That is: temporary shard directories (`ckpt-N_temp`), temporary state
+    files (`checkpoint.tmp...`), and checkpoint files that the state file
+    does not record (a save killed before it was recorded). With a damaged
+    state file, no checkpoint file is removed.
+    """
+    listed = recorded(directory)
+    kept = None if listed is None else {tf.io.gfile.join(directory, p.split("/")[-1]) for p in listed}
+    file_pattern = re.compile(rf"^({CHECKPOINT_NAME}-\d+)\.(index|data-\d+-of-\d+)$")
+    removed = []
+    for name in tf.io.gfile.listdir(directory):
+        name = name.rstrip("/")
+        full = tf.io.gfile.join(directory, name)
+        if name.startswith(f"{CHECKPOINT_NAME}-") and "_temp" in name and tf.io.gfile.isdir(full):
+            tf.io.gfile.rmtree(full)
+        elif name.startswith("checkpoint.tmp"):
+            tf.io.gfile.remove(full)
+        elif (match := file_pattern.match(name)) and kept is not None:
+            if tf.io.gfile.join(directory, match.group(1)) in kept:
+                continue
+            tf.io.gfile.remove(full)
+        else:
+            continue
+        removed.append(full)
+    return removed
+
+
+def set_aside(directory: str, good: str, damaged: list[str]) -> None:
+    """Makes `good` the latest checkpoint of `directory`; renames the damaged ones' files with a `.corrupt` suffix."""
+    for prefix in damaged:
+        for name in tf.io.gfile.glob(prefix + ".*"):
+            if not name.endswith(".corrupt"):
+                tf.io.gfile.rename(name, name + ".corrupt", overwrite=True)
+    kept = [path for path in recorded(directory) or [] if path not in damaged]
+    tf.compat.v1.train.update_checkpoint_state(
+        directory, model_checkpoint_path=good, all_model_checkpoint_paths=kept
+    )

@@ -1,0 +1,143 @@
+"""What a checkpoint holds of a run: its progress, the training state, and the services' states.
+
+`restore_model` loads a model (and its optimizer) from any tftrain checkpoint,
+validated as a resume is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain.checkpoint.validation import VARIABLE_SUFFIX, check_compatible, open_checkpoint, read_all_tensors
+from tftrain.errors import CorruptCheckpointError
+
+__all__ = [
+    "SERVICE_STATES_KEY",
+    "Progress",
+    "parse_service_states",
+    "restore_model",
+    "seed_generator_states",
+    "training_state",
+]
+
+# The services' states, as JSON, saved under the key "timing" (see `Checkpointer`).
+SERVICE_STATES_KEY = "timing" + VARIABLE_SUFFIX
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a training run is.
+
+    Attributes:
+        epoch: The epoch being trained (epochs completed, at an epoch end).
+        step_in_epoch: Steps done in `epoch`.
+        global_step: Training steps done in the whole run.
+        batches_in_pass: Batches the training iterator has yielded since it
+            started its current pass over the data (used to resume by
+            skipping batches where the iterator itself cannot be saved).
+    """
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    batches_in_pass: int = 0
+
+
+def seed_generator_states(model: keras.Model) -> list[keras.Variable]:
+    """The model's random-generator states: its variables that are not weights.
+
+    Keras layers that draw random numbers (Dropout, GaussianNoise, random
+    augmentation) keep a `SeedGenerator` whose state is a variable listed in
+    `model.variables` but not in `model.weights`.
+    """
+    weights = {id(variable) for variable in model.weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
+
+
+def training_state(
+    model: keras.Model, extra: Mapping[str, Any] | None = None, *, metrics: bool = True
+) -> dict[str, Any]:
+    """The trackable objects that make up a model's training state.
+
+    Args:
+        model: The model (its optimizer comes with it).
+        extra: More trackables to save by name, e.g. a second optimizer.
+        metrics: Include the metrics' state (needed to resume mid-epoch).
+
+    Returns:
+        A dict of name -> trackable for `tf.train.Checkpoint`.
+    """
+    state: dict[str, Any] = {"model": model, "seed_states": seed_generator_states(model)}
+    if metrics:
+        state["metrics"] = [variable for metric in model.metrics for variable in metric.variables]
+    if getattr(model, "optimizer", None) is not None:
+        state["optimizer"] = model.optimizer
+    state.update(extra or {})
+    return state
+
+
+def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = True) -> str:
+    """Restores a model (and its optimizer) from a tftrain checkpoint, validated first.
+
+    For evaluating or exporting a saved state: the best checkpoint
+    (`model_dir/best`), a chosen step (`model_dir/checkpoints/ckpt-3000`).
+    Every tensor is read and every variable checked by name and shape before
+    anything is assigned, as a resuming `fit` does; the rest of the saved
+    state (progress, data iterator, metrics) is left alone.
+
+    Args:
+        model: The model, built (its variables exist).
+        path: A checkpoint path prefix (`.../ckpt-3000`), or a directory
+            (its latest checkpoint is used).
+        include_optimizer: Also restore `model.optimizer`'s state (its
+            variables are created first if needed).
+
+    Returns:
+        The checkpoint path restored.
+
+    Raises:
+        CheckpointError: `path` holds no checkpoint.
+        CorruptCheckpointError: the checkpoint cannot be read.
+        IncompatibleCheckpointError: it does not fit the model (nothing restored).
+        ValueError: the model is not built.
+    """
+    path, reader = open_checkpoint(path)
+    if not model.built:
+        raise ValueError(
+            f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
+            "built model: call it once on a batch, or `model.build(input_shape)`."
+        )
+    _read_every_tensor(path, reader)
+    state: dict[str, Any] = {"model": model}
+    optimizer = getattr(model, "optimizer", None)
+    if include_optimizer and optimizer is not None:
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        state["optimizer"] = optimizer
+    root = tf.train.Checkpoint(**state)
+    check_compatible(path, reader, root, only=tuple(state))
+    root.read(path).expect_partial()
+    return path
+
+
+def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:
+    """Reads every tensor once, so a damaged file fails before anything is assigned."""
+    try:
+        read_all_tensors(reader)
+    except tf.errors.OpError as error:
+        raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+
+
+def parse_service_states(saved: bytes) -> dict[str, Any]:
+    """The services' states from a checkpoint's JSON string."""
+    text = saved.decode() if isinstance(saved, bytes) else str(saved)
+    states = json.loads(text) if text else {}
+    if "timer" in states:  # a checkpoint written before services kept state: the timer's alone
+        states = {"timing": states}
+    return states
