@@ -147,10 +147,11 @@ def start_run(
     checkpointer, restored, lock = None, None, None
     try:
         if options.model_dir is not None:
-            model_dir = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
+            path = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
+            where = _ModelDir(path, options, place, model, extra_state, global_step)
             # The chief is the writer: one per model_dir, held before anything there is touched.
-            lock = WriterLock(model_dir) if place.worker[0] else None
-            checkpointer = _checkpointer(options, model, extra_state, global_step, model_dir, place)
+            lock = WriterLock(path) if where.chief else None
+            checkpointer = where.checkpointer()
             restored, data_mode = _restore(options, checkpointer, model, plan)  # steps 1 to 3
             if restored is not None:
                 report_resume(
@@ -158,10 +159,7 @@ def start_run(
                     f"(epoch {restored.epoch + 1}, step {restored.step_in_epoch} of the epoch).",
                     verbose,
                 )
-            services += _model_dir_services(
-                options, model, extra_state, global_step, model_dir, place, checkpointer,
-                window, timer, restored, data_mode,
-            )  # fmt: skip
+            services += _model_dir_services(where, checkpointer, window, timer, restored, data_mode)
             if lock is not None:
                 services.append(WriterLockService(lock))  # released at the run's end, after the last save
                 lock = None
@@ -193,37 +191,43 @@ def start_run(
     )
 
 
-def _checkpointer(
-    options: RunOptions,
-    model: Any,
-    extra_state: Callable[[], dict[str, Any]],
-    global_step: tf.Variable | None,
-    model_dir: str,
-    place: _RunPlace,
-    *,
-    best: bool = False,
-) -> checkpoint_lib.Checkpointer:
-    """The run's checkpointer (a non-chief worker's writes to its scratch directory), or the best checkpoint's."""
-    chief, worker_name = place.worker
-    checkpoints = f"{model_dir}/checkpoints"
-    if best:
-        directory, max_to_keep, restore_directory = f"{model_dir}/best", 1, None
-    elif chief:
-        directory, max_to_keep, restore_directory = checkpoints, options.max_to_keep, None
-    else:
-        directory, max_to_keep, restore_directory = (
-            f"{model_dir}/workers/{worker_name}/checkpoints",
-            1,
-            checkpoints,
+@dataclasses.dataclass(frozen=True)
+class _ModelDir:
+    """A run's `model_dir`, where this process stands in the run, and what its checkpoints save."""
+
+    path: str
+    options: RunOptions
+    place: _RunPlace
+    model: Any
+    extra_state: Callable[[], dict[str, Any]]
+    global_step: tf.Variable | None
+
+    @property
+    def chief(self) -> bool:
+        return self.place.worker[0]
+
+    @property
+    def scratch_dir(self) -> str | None:
+        """A non-chief worker's own directory (its checkpoint copies), removed when the run ends."""
+        return None if self.chief else f"{self.path}/workers/{self.place.worker[1]}"
+
+    def checkpointer(self, *, best: bool = False) -> checkpoint_lib.Checkpointer:
+        """The run's checkpointer (a non-chief worker's saves to its scratch directory), or the best checkpoint's."""
+        checkpoints = f"{self.path}/checkpoints"
+        if best:
+            directory, max_to_keep, restore_directory = f"{self.path}/best", 1, None
+        elif self.chief:
+            directory, max_to_keep, restore_directory = checkpoints, self.options.max_to_keep, None
+        else:
+            directory, max_to_keep, restore_directory = f"{self.scratch_dir}/checkpoints", 1, checkpoints
+        return checkpoint_lib.Checkpointer(
+            directory,
+            lambda: checkpoint_lib.training_state(self.model, self.extra_state()),
+            max_to_keep=max_to_keep,
+            restore_directory=restore_directory,
+            global_step=self.global_step,
+            async_write=self.options.async_checkpoint,
         )
-    return checkpoint_lib.Checkpointer(
-        directory,
-        lambda: checkpoint_lib.training_state(model, extra_state()),
-        max_to_keep=max_to_keep,
-        restore_directory=restore_directory,
-        global_step=global_step,
-        async_write=options.async_checkpoint,
-    )
 
 
 def _restore(
@@ -262,12 +266,7 @@ def _restore(
 
 
 def _model_dir_services(
-    options: RunOptions,
-    model: Any,
-    extra_state: Callable[[], dict[str, Any]],
-    global_step: tf.Variable | None,
-    model_dir: str,
-    place: _RunPlace,
+    where: _ModelDir,
     checkpointer: checkpoint_lib.Checkpointer,
     window: tuple[int, int] | None,
     timer: timing.StepTimer | None,
@@ -275,7 +274,7 @@ def _model_dir_services(
     data_mode: str | None,
 ) -> list[Service]:
     """The services that write to `model_dir`, in the order they run."""
-    chief, worker_name = place.worker
+    options, place, chief, model_dir = where.options, where.place, where.chief, where.path
     step = restored.global_step if restored is not None else 0
     services: list[Service] = []
     if data_mode is not None:
@@ -291,18 +290,17 @@ def _model_dir_services(
     if chief:
         writer = summaries.TrainingSummaries(model_dir, every_steps=options.summary_every_steps)
         # A resumed run's first call is not the job's trace: its trace time was written already.
-        optimizer = getattr(model, "optimizer", None)
+        optimizer = getattr(where.model, "optimizer", None)
         services.append(SummaryService(writer, timer, optimizer, trace_written=step > 0))
     if chief and options.best_checkpoint_monitor is not None:
         # Before the regular checkpoint: the best value it saves must include this epoch's.
-        best = _checkpointer(options, model, extra_state, global_step, model_dir, place, best=True)
+        best = where.checkpointer(best=True)
         services.append(
             BestCheckpointService(best, options.best_checkpoint_monitor, options.best_checkpoint_mode)
         )
-    scratch_dir = None if chief else f"{model_dir}/workers/{worker_name}"
     save_iterator = data_mode != data_position.POSITION
     checkpoints = CheckpointService(
-        checkpointer, options.checkpoint_every_steps, timer, scratch_dir, save_iterator=save_iterator
+        checkpointer, options.checkpoint_every_steps, timer, where.scratch_dir, save_iterator=save_iterator
     )
     services.append(checkpoints)
     if options.preemption_signals and place.single_process:
