@@ -1,6 +1,16 @@
-"""Named datasets: tensorflow-datasets with clear offline errors, and the generated `shapes` and `synthetic`.
+"""Data: the inputs of `fit`/`evaluate`/`predict`, and named datasets.
 
-What `fit`/`evaluate`/`predict` accept as inputs is `tftrain.data.inputs`' job.
+This package's public functions (`load`, `info`) give named datasets:
+tensorflow-datasets with clear offline errors, and the generated `shapes`
+and `synthetic`. Its modules:
+
+- `inputs`: what `fit`/`evaluate`/`predict` accept, through Keras's own
+  adapters, and `EpochPlan`, the pass-by-pass plan over them (shaped like
+  Keras's `EpochIterator`).
+- `fit_checks`: checks of the data against the model and the call.
+- `catalog`, `shapes`, `tfds_loading`: the named datasets.
+
+May import: `tftrain.options`, `compat`, `errors`. Nothing above it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,6 @@
 - `model_setup`, `strategy_checks`: what is checked and built on the model
   and strategy before the first trace.
 
-May import: `tftrain.data`, `timing`, `distribute`, `model`, `options`,
+May import: `tftrain.data`, `timing`, `distribute`, `model`, `precision`, `options`,
 `compat`, `errors`. Never the checkpoint, services or loops layers.
 """

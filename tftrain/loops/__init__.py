@@ -1,12 +1,19 @@
 """Loops: the fit loop, the epoch loop and the evaluation loop, over the engines and services.
 
-- `run_setup`: starting one `fit` (restore, then the services in order).
+A `fit` call goes `tftrain.trainer` -> `fit_loop` -> `epoch_loop` ->
+`tftrain.engine.step_loop`.
+
+- `preparation`: a call's arguments checked and its inputs adapted into
+  plans (`FitCall`), before any step.
+- `fit_loop`: `run_fit`, one `fit` call to its target (epochs or a step budget).
+- `epoch_loop`: `run_pass`, one epoch (or evaluation, or prediction) of host calls.
+- `inference`: the evaluation loop (`evaluate`, `predict`, `fit`'s validation).
+- `run_setup`: starting a run: the restore sequence, then the services in order.
 - `training_run`: `TrainingRun`, the run's progress and its services
-  (implements `tftrain.services.protocol.RunState`), and `run_pass`, one
-  epoch (or evaluation, or prediction) of host calls.
-- `inference`: `evaluate` and `predict`.
+  (the services' `RunState`).
+- `engines`: a Trainer's engines, one per kind of step, built once.
+- `owner`: `StepOwner`, what the loops need of the Trainer (they never import it).
 - `hooks`: Keras callback plumbing (batch hooks).
-- `run_options`: the frozen options of what a `fit` writes and guards.
 
 May import every lower layer (`services`, `checkpoint`, `engine`, `data`,
 the public leaf modules, `options`, `compat`, `errors`); never the Trainer.
