@@ -21,11 +21,9 @@ from tftrain import evaluation, precision, timing
 from tftrain.engine import model_setup
 from tftrain.loops import fit_loop, inference, preparation
 from tftrain.loops.engines import Engines
+from tftrain.loops.owner import TrackedAttributes
 from tftrain.options import EngineOptions, RunOptions
 from tftrain.services.protocol import Service, check_services
-
-_TRACKED_TYPES = (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable, keras.metrics.Metric)
-_UNTRACKED_NAMES = frozenset({"model", "_global_step"})  # saved by the checkpoint itself
 
 
 class Trainer:
@@ -182,23 +180,18 @@ class Trainer:
         return self.model.optimizer
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Keras objects a subclass assigns as attributes are its training state (a GAN's
-        # second optimizer, its own metrics): tracked as Keras tracks a layer's attributes.
-        tracked = self.__dict__.setdefault("_tracked", {})
-        tracked.pop(name, None)
-        if name not in _UNTRACKED_NAMES and isinstance(value, _TRACKED_TYPES):
-            tracked[name] = value
+        # Keras objects a subclass assigns are its training state (`TrackedAttributes`).
+        self.__dict__.setdefault("_tracked", TrackedAttributes()).assigned(name, value)
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
-        self.__dict__.get("_tracked", {}).pop(name, None)
+        self.__dict__.setdefault("_tracked", TrackedAttributes()).deleted(name)
         super().__delattr__(name)
 
     @property
     def metrics(self) -> list[keras.metrics.Metric]:
         """The model's metrics plus the `keras.metrics.Metric` attributes of the trainer."""
-        own = [value for value in self._tracked.values() if isinstance(value, keras.metrics.Metric)]
-        return list(self.model.metrics) + own
+        return list(self.model.metrics) + self._tracked.metrics()
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The training state saved with every checkpoint besides the model and its optimizer.
@@ -208,16 +201,7 @@ class Trainer:
         metric attributes, as `owner_metrics`. Override to declare the state
         yourself (name -> trackable, as `tf.train.Checkpoint` keyword arguments).
         """
-        state: dict[str, Any] = {}
-        metric_variables = []
-        for name, value in sorted(self._tracked.items()):
-            if isinstance(value, keras.metrics.Metric):
-                metric_variables += list(value.variables)
-            elif value is not self.model:
-                state[f"owner_{name}"] = value
-        if metric_variables:
-            state["owner_metrics"] = metric_variables
-        return state
+        return self._tracked.checkpoint_state(self.model)
 
     def reset_metrics(self) -> None:
         """Resets every metric in `self.metrics` (done at each epoch start)."""

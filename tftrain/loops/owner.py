@@ -49,3 +49,45 @@ class StepOwner(Protocol):
 
     def uses_model_step(self, kind: str) -> bool:
         """Whether the step of `kind` ("train", "eval", "predict") is the model's own, not the owner's."""
+
+
+class TrackedAttributes:
+    """The Keras objects a step owner's attributes hold: a Trainer subclass's own training state.
+
+    A GAN's second optimizer, its own metrics: assigned as attributes, they
+    are tracked as Keras tracks a layer's attributes, so `checkpoint_state`
+    and `metrics` need no scan of the instance.
+    """
+
+    TYPES = (keras.optimizers.Optimizer, keras.Model, tf.Variable, keras.Variable, keras.metrics.Metric)
+    UNTRACKED = frozenset({"model", "_global_step"})  # saved by the checkpoint itself
+
+    def __init__(self):
+        self._by_name: dict[str, Any] = {}
+
+    def assigned(self, name: str, value: Any) -> None:
+        """Notes an assignment (tracked if it is a Keras object of the owner's own)."""
+        self._by_name.pop(name, None)
+        if name not in self.UNTRACKED and isinstance(value, self.TYPES):
+            self._by_name[name] = value
+
+    def deleted(self, name: str) -> None:
+        """Notes an attribute's deletion."""
+        self._by_name.pop(name, None)
+
+    def metrics(self) -> list[keras.metrics.Metric]:
+        """The metrics among the attributes."""
+        return [value for value in self._by_name.values() if isinstance(value, keras.metrics.Metric)]
+
+    def checkpoint_state(self, model: keras.Model) -> dict[str, Any]:
+        """Each tracked object but `model` as `owner_<name>`, and the metrics' variables as `owner_metrics`."""
+        state: dict[str, Any] = {}
+        metric_variables = []
+        for name, value in sorted(self._by_name.items()):
+            if isinstance(value, keras.metrics.Metric):
+                metric_variables += list(value.variables)
+            elif value is not model:
+                state[f"owner_{name}"] = value
+        if metric_variables:
+            state["owner_metrics"] = metric_variables
+        return state
