@@ -20,7 +20,7 @@ import keras
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import options, summaries
 from tftrain.compat import keras_internals
-from tftrain.engine import step_loop
+from tftrain.engine import calls
 from tftrain.loops import run_setup
 from tftrain.options import check_int
 from tftrain.services.profiler import ProfilerService
@@ -103,7 +103,7 @@ class ServicesCallback(keras.callbacks.Callback):
         before = self.progress.global_step
         self.progress.global_step = self._epoch_start + batch + 1
         self.progress.step_in_epoch = batch + 1
-        result = step_loop.LoopResult(self.progress.global_step - before, None, logs)
+        result = calls.LoopResult(self.progress.global_step - before, None, logs)
         for service in self.services:
             service.results_read(self, result)
         for service in self.services:

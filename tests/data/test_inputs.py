@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tftrain.data import inputs
+from tftrain.data.epoch_plan import EpochPlan
 
 
 def batch_sizes(dataset):
@@ -28,7 +29,7 @@ def plan_of(dataset, steps=None, argument="x", steps_argument="steps_per_epoch",
         argument=argument,
         steps_argument=steps_argument,
     )
-    return inputs.EpochPlan(data, make_iterator=make_iterator)
+    return EpochPlan(data, make_iterator=make_iterator)
 
 
 # -------------------------------------------------------------------------- adapt

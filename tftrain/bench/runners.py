@@ -24,7 +24,7 @@ from tftrain.bench import optional
 from tftrain.bench.fit_runners import Outcome, RunOptions, run_graph_checkpoint, run_keras_fit, run_trainer
 from tftrain.bench.segments import Lane
 from tftrain.bench.workloads import WorkloadData
-from tftrain.engine import step_loop
+from tftrain.engine.calls import block_until_ready
 from tftrain.timing import StepTimer
 
 __all__ = ["Outcome", "RunOptions", "Variant", "VARIANTS", "AUTO_REFERENCE_K"]
@@ -276,7 +276,7 @@ def timing_hook_seconds(calls: int = 20_000, repeats: int = 5) -> float:
         start = time.perf_counter()
         for _ in range(calls):
             timer.begin_call()
-            step_loop.block_until_ready(logs)
+            block_until_ready(logs)
             timer.end_call(1, 128, traced=False)
         best = min(best, (time.perf_counter() - start) / calls)
     return best

@@ -5,7 +5,8 @@ tensorflow-datasets with clear offline errors, and the generated `shapes`
 and `synthetic`. Its modules:
 
 - `inputs`: what `fit`/`evaluate`/`predict` accept, through Keras's own
-  adapters, and `EpochPlan`, the pass-by-pass plan over them (shaped like
+  adapters.
+- `epoch_plan`: `EpochPlan`, the pass-by-pass plan over them (shaped like
   Keras's `EpochIterator`).
 - `fit_checks`: checks of the data against the model and the call.
 - `catalog`, `shapes`, `tfds_loading`: the named datasets.

@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from tftrain.data import inputs
+from tftrain.data.epoch_plan import EpochPlan
 
 
 def should_validate(epoch: int, validation_freq: int | list[int]) -> bool:
@@ -23,9 +24,7 @@ def should_validate(epoch: int, validation_freq: int | list[int]) -> bool:
     return epoch + 1 in validation_freq
 
 
-def check_single_pass(
-    plan: inputs.EpochPlan, passes: int, argument: str, steps_argument: str, fix: str
-) -> None:
+def check_single_pass(plan: EpochPlan, passes: int, argument: str, steps_argument: str, fix: str) -> None:
     """A Python generator is read once: more than one whole pass over it cannot be made.
 
     `model.fit` would read a generator's first two batches again (what it

@@ -6,7 +6,8 @@ Trainer accepts exactly what `model.fit` accepts: NumPy arrays and tensors
 `tf.data.Dataset`, `keras.utils.PyDataset` (with its workers and
 multiprocessing) and Python generators, with `batch_size`, `shuffle`,
 `sample_weight` and `class_weight` applied as Keras applies them.
-`EpochPlan` decides which iterator each epoch reads and how many steps it runs.
+`tftrain.data.epoch_plan.EpochPlan` decides which iterator each epoch reads and
+how many steps it runs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import types
 import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -263,181 +263,3 @@ def examples_in_batch(batch: Any) -> tf.Tensor:
     if isinstance(first, tf.SparseTensor):
         return tf.cast(first.dense_shape[0], tf.int64)
     return tf.cast(tf.shape(first)[0], tf.int64)
-
-
-class EpochPlan:
-    """Decides which iterator each epoch reads and how many steps it runs.
-
-    Mirrors `keras.Model.fit`: without `steps_per_epoch` every epoch is one
-    full pass on a fresh iterator; with it, one iterator continues across
-    epochs, and a finite dataset starts a new pass once all its batches were
-    seen (an epoch cut short by the end of the data warns, as in Keras).
-
-    Args:
-        data: The adapted input (or a batched `tf.data.Dataset`).
-        make_iterator: Dataset -> iterator (plain, or distributed).
-
-    Raises:
-        ValueError: an empty or infinite dataset without `steps_per_epoch`,
-            or `steps_per_epoch` past the end of a finite dataset.
-    """
-
-    def __init__(
-        self,
-        data: AdaptedInput | tf.data.Dataset,
-        make_iterator: Callable[[tf.data.Dataset], Iterator[Any]] = iter,
-    ):
-        if isinstance(data, tf.data.Dataset):
-            data = AdaptedInput(dataset=data, adapter=None, kind="dataset", steps=None)
-        dataset, steps_per_epoch = data.dataset, data.steps
-        argument, steps_argument = data.argument, data.steps_argument
-        cardinality = int(dataset.cardinality())
-        if cardinality == 0:
-            raise ValueError(
-                f"Invalid value for argument `{argument}`: the dataset is empty (cardinality 0). "
-                "Expected at least one batch; check filters, `take`, or a batch size larger "
-                "than the data with `drop_remainder=True`."
-            )
-        if cardinality == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
-            raise ValueError(
-                f"Invalid value for argument `{argument}`: the data never ends (an infinite dataset or "
-                f"PyDataset), so an epoch never ends. Received: {steps_argument}=None. Expected "
-                f"{steps_argument}=<number of steps>, or finite data."
-            )
-        if cardinality > 0 and steps_per_epoch is not None and steps_per_epoch > cardinality:
-            raise ValueError(
-                f"Invalid value for argument `{steps_argument}`. Received: "
-                f"{steps_argument}={steps_per_epoch}, but `{argument}` has only {cardinality} "
-                f"batches. Expected {steps_argument} <= {cardinality}, or "
-                "`dataset.repeat()` to read it more than once."
-            )
-        self.data = data
-        self.dataset = dataset
-        self.steps_per_epoch = steps_per_epoch
-        self.argument = argument
-        self.single_pass = data.kind == "generator"
-        self._make_iterator = make_iterator
-        self._batches_per_pass = cardinality if cardinality > 0 else None
-        # Whether a pass may end where no count says so (a generator, a filtered
-        # dataset): the loop then checks for a next batch before a batch hook.
-        self.may_end_unannounced = cardinality == tf.data.UNKNOWN_CARDINALITY
-        self._iterator: Iterator[Any] | None = None
-        self._seen_in_pass = 0
-        self._in_epoch = False
-
-    @property
-    def steps(self) -> int | None:
-        """Steps in the coming epoch, or None while unknown."""
-        if self.steps_per_epoch is not None:
-            return self.steps_per_epoch
-        return self._batches_per_pass
-
-    def batches_left(self, steps_this_epoch: int) -> int | None:
-        """Batches left in the current pass (None while its length is unknown)."""
-        if self._batches_per_pass is None or self._iterator is None:
-            return None
-        return self._batches_per_pass - self._seen_in_pass - steps_this_epoch
-
-    @property
-    def plain_iterators(self) -> bool:
-        """Whether the iterators are `tf.data` iterators of `dataset` (not distributed ones)."""
-        return self._make_iterator is iter
-
-    def begin_epoch(self) -> Iterator[Any]:
-        """Starts an epoch (a PyDataset's `on_epoch_begin`); returns the iterator it reads from."""
-        if self.data.adapter is not None and not self._in_epoch:
-            self._in_epoch = True  # first: `close` must end the epoch even if the hook raises
-            self.data.adapter.on_epoch_begin()
-        self._in_epoch = True
-        return self.next_iterator()
-
-    def reset(self) -> None:
-        """Makes the next epoch a fresh pass from the first batch, as Keras's epoch iterator `reset()`.
-
-        Keras resets before training and before each evaluation, which also runs
-        the adapter's `on_epoch_end` (a PyDataset shuffling there reshuffles).
-        """
-        self.close()
-        self._iterator = None
-        self._seen_in_pass = 0
-        if self.data.adapter is not None:
-            self.data.adapter.on_epoch_end()
-
-    def next_iterator(self) -> Iterator[Any]:
-        """The iterator the next training step reads from (starting a new pass if due).
-
-        A checkpoint saves this iterator: at an epoch end it is the next
-        epoch's fresh iterator, whose creation advanced the dataset's
-        reshuffling seeds exactly as an uninterrupted run's does.
-        """
-        if self._iterator is None:
-            self._iterator = self._make_iterator(self.dataset)
-            self._seen_in_pass = 0
-        return self._iterator
-
-    def batches_in_pass(self, steps_this_epoch: int) -> int:
-        """Batches read from the current pass, given the steps run in the current epoch (all of them)."""
-        return self._seen_in_pass + steps_this_epoch
-
-    def resume(self, batches_in_pass: int, steps_in_epoch: int, iterator_restored: bool) -> None:
-        """Continues a checkpointed run at its data position.
-
-        Args:
-            batches_in_pass: Batches the checkpointed run had read from its pass.
-            steps_in_epoch: Steps it had run in its current epoch.
-            iterator_restored: Whether `next_iterator()`'s state was restored
-                from the checkpoint. If not, the pass restarts and skips
-                `batches_in_pass` batches (`dataset.skip`).
-        """
-        if not iterator_restored and batches_in_pass > 0:
-            self._iterator = self._make_iterator(self.dataset.skip(batches_in_pass))
-        self._seen_in_pass = batches_in_pass - steps_in_epoch
-
-    def end_epoch(self, steps_run: int, data_ended: bool, *, cut: bool = False) -> None:
-        """Records how the epoch went (and runs a PyDataset's `on_epoch_end`).
-
-        Args:
-            steps_run: Steps the epoch ran (before a resume too).
-            data_ended: Whether the iterator ran out of batches.
-            cut: The epoch stopped short of its end and goes on later (a step
-                budget reached mid-epoch): the pass and its iterator are kept.
-
-        Raises:
-            ValueError: the very first pass yielded no batch at all.
-        """
-        self.close()
-        if cut:
-            return
-        known_pass = self._batches_per_pass
-        self._seen_in_pass += steps_run
-        if data_ended:
-            if self._seen_in_pass == 0:
-                raise ValueError(
-                    f"Invalid value for argument `{self.argument}`: the data yielded no "
-                    "batches. Expected at least one batch; check filters or `take`."
-                )
-            if self._batches_per_pass is None:
-                self._batches_per_pass = self._seen_in_pass
-            if self.steps_per_epoch is not None:
-                warnings.warn(
-                    f"`{self.argument}` ran out of data after {steps_run} of "
-                    f"{self.steps_per_epoch} steps in this epoch; the next epoch starts a new "
-                    "pass. Use `dataset.repeat()` to avoid short epochs.",
-                    stacklevel=3,
-                )
-            self._iterator = None
-        elif self.steps_per_epoch is None:
-            self._iterator = None  # every epoch is a fresh pass
-            if known_pass is not None and self._seen_in_pass >= known_pass:
-                # Keras's epoch iterator starts the next pass's iterator when a pass
-                # ends, and the next epoch starts another: made here too, a
-                # reshuffling dataset's later epochs get the orders they get under fit.
-                self._make_iterator(self.dataset)
-        elif self._batches_per_pass is not None and self._seen_in_pass >= self._batches_per_pass:
-            self._iterator = None
-
-    def close(self) -> None:
-        """Ends the epoch for the adapter (a PyDataset's `on_epoch_end`, stopping its workers)."""
-        if self._in_epoch and self.data.adapter is not None:
-            self.data.adapter.on_epoch_end()
-        self._in_epoch = False

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +23,7 @@ from tftrain import timing
 from tftrain.compat import keras_internals
 from tftrain.data import inputs
 from tftrain.engine import graph_loops
+from tftrain.engine.calls import LoopResult, PendingCall, block_until_ready
 from tftrain.options import EngineOptions
 
 StepFn = Callable[[Any], Any]
@@ -56,61 +57,6 @@ def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None
 def _nonfinite_on_host(logs: Any) -> bool:
     values = graph_loops.loss_logs(logs)
     return any(not np.all(np.isfinite(np.asarray(value, dtype=np.float64))) for value in values)
-
-
-class LoopResult(NamedTuple):
-    """What one call of a `StepLoop` did.
-
-    Attributes:
-        steps: Steps that ran (fewer than asked if the data ended or a loss
-            was not finite).
-        examples: Examples those steps consumed, or None where the batch size
-            is not known on the host.
-        logs: The last step's outputs (None if no step ran). For a loop
-            built with `collect=True`: every step's outputs, as a list of
-            chunks (each a structure of tensors whose rows are examples).
-        nonfinite: Whether the last step's loss (a `loss` or `*_loss` log) was
-            NaN or infinite; the loop stops right after such a step. Only set
-            when the loop was built with `stop_on_nonfinite=True`.
-    """
-
-    steps: int
-    examples: int | None
-    logs: Any
-    nonfinite: bool = False
-
-
-class PendingCall:
-    """A dispatched host call, whose device results the host reads once, in `result()`.
-
-    Attributes:
-        steps: The steps the call runs if the host knows them without reading
-            (a known number of batches was there), else None.
-        halted: In-graph flag for the next call's `after` (the call stopped at
-            a non-finite loss), or None where the call cannot pass one on.
-    """
-
-    def __init__(self, read: Callable[[], LoopResult], steps: int | None, logs: Any, halted: Any = None):
-        self._read = read
-        self._result: LoopResult | None = None
-        self.steps = steps
-        self.logs = logs
-        self.halted = halted
-
-    @property
-    def done(self) -> bool:
-        """Whether `result()` has read the call's results."""
-        return self._result is not None
-
-    def result(self) -> LoopResult:
-        """The call's `LoopResult`: waits for the device the first time (one host read)."""
-        if self._result is None:
-            self._result = self._read()
-        return self._result
-
-    def expected(self) -> LoopResult:
-        """What the call does if its loss stays finite, read from nothing (needs `steps`)."""
-        return LoopResult(self.steps, None, self.logs)
 
 
 class StepLoop:
@@ -324,14 +270,6 @@ class StepLoop:
         return PendingCall(
             lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs)), result.steps, result.logs
         )
-
-
-def block_until_ready(logs: Any) -> None:
-    """Waits for a step's outputs, so the clock reads device time too."""
-    for value in tf.nest.flatten(logs):
-        if hasattr(value, "numpy"):
-            value.numpy()
-            return
 
 
 def _waited(result: LoopResult) -> LoopResult:

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tftrain import distribute
 from tftrain.data import inputs
+from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import step_loop
 from tftrain.engine.auto_steps import StepsPerCall
 from tftrain.loops import hooks
@@ -74,11 +75,11 @@ class Engines:
             )
         return self.loops[kind]
 
-    def plan(self, data: inputs.AdaptedInput) -> inputs.EpochPlan:
+    def plan(self, data: inputs.AdaptedInput) -> EpochPlan:
         """The pass-by-pass plan over adapted inputs: plain iterators, or distributed under a strategy."""
         if self.strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
-            return inputs.EpochPlan(data, make_iterator=iter)
-        return inputs.EpochPlan(
+            return EpochPlan(data, make_iterator=iter)
+        return EpochPlan(
             data, make_iterator=lambda dataset: iter(self.strategy.experimental_distribute_dataset(dataset))
         )
 

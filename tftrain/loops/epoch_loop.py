@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tftrain import timing
-from tftrain.data.inputs import EpochPlan
+from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine.auto_steps import StepsPerCall
 from tftrain.engine.step_loop import StepLoop
 from tftrain.loops import hooks

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tftrain.compat import keras_internals
 from tftrain.data import inputs
-from tftrain.data.inputs import EpochPlan
+from tftrain.data.epoch_plan import EpochPlan
 from tftrain.loops import epoch_loop, hooks, preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.options import check_verbose

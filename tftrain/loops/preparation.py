@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from tftrain.data import fit_checks, inputs
+from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import model_setup
 from tftrain.loops.owner import StepOwner
 from tftrain.options import (
@@ -47,8 +48,8 @@ class FitCall:
         validation_every_steps: Also validate every this many global steps, or None.
     """
 
-    plan: inputs.EpochPlan
-    validation_plan: inputs.EpochPlan | None
+    plan: EpochPlan
+    validation_plan: EpochPlan | None
     epochs: int
     initial_epoch: int
     total_steps: int | None
@@ -64,7 +65,7 @@ def check_step(owner: StepOwner, kind: str) -> None:
         model_setup.check_compiled_for(owner.model, _MODEL_STEPS[kind], f"{kind}_step")
 
 
-def plan_for(owner: StepOwner, kind: str, data: inputs.AdaptedInput, argument: str) -> inputs.EpochPlan:
+def plan_for(owner: StepOwner, kind: str, data: inputs.AdaptedInput, argument: str) -> EpochPlan:
     """The plan over adapted inputs, checked: batched, targets where the loss needs them, an even global batch."""
     plan = owner.engines.plan(data)
     default = owner.uses_model_step(kind) and model_setup.uses_default_step(owner.model, _MODEL_STEPS[kind])

@@ -33,7 +33,7 @@ from tftrain import checkpoint as checkpoint_lib
 from tftrain import distribute, summaries, timing
 from tftrain.checkpoint import data_position
 from tftrain.checkpoint.writer_lock import WriterLock
-from tftrain.data import inputs
+from tftrain.data.epoch_plan import EpochPlan
 from tftrain.loops.training_run import TrainingRun
 from tftrain.options import RunOptions, check_profile_steps
 from tftrain.services.best_checkpoint import BestCheckpointService
@@ -84,7 +84,7 @@ def start_run(
     *,
     model: Any,
     extra_state: Callable[[], dict[str, Any]],
-    plan: inputs.EpochPlan,
+    plan: EpochPlan,
     epochs: int,
     timer: timing.StepTimer | None,
     trace_counter: timing.TraceCounter,
@@ -231,7 +231,7 @@ class _ModelDir:
 
 
 def _restore(
-    options: RunOptions, checkpointer: checkpoint_lib.Checkpointer, model: Any, plan: inputs.EpochPlan
+    options: RunOptions, checkpointer: checkpoint_lib.Checkpointer, model: Any, plan: EpochPlan
 ) -> tuple[checkpoint_lib.Progress | None, str | None]:
     """Steps 1 to 3 of the restore sequence (module doc); returns the progress (None: nothing to resume) and the data mode.
 

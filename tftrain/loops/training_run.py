@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from tftrain import checkpoint as checkpoint_lib
-from tftrain.data import inputs
-from tftrain.engine import step_loop
+from tftrain.data.epoch_plan import EpochPlan
+from tftrain.engine import calls
 from tftrain.services.protocol import Service
 from tftrain.services.timing_state import TimingService
 
@@ -34,7 +34,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
 
     def __init__(
         self,
-        plan: inputs.EpochPlan,
+        plan: EpochPlan,
         progress: checkpoint_lib.Progress,
         services: list[Service],
         *,
@@ -51,7 +51,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.resumed = progress.global_step > 0 or progress.epoch > 0
         self.epoch_steps: int | None = None  # steps in the current epoch, if known
         self.timer = timing_service.timer if timing_service is not None else None
-        self._unread: tuple[step_loop.PendingCall, bool] | None = None  # filed, results not read yet
+        self._unread: tuple[calls.PendingCall, bool] | None = None  # filed, results not read yet
 
     @property
     def finished(self) -> bool:
@@ -98,7 +98,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         done = self.progress.global_step
         return any(service.next_stop(done) == done + steps for service in self.services)
 
-    def file_unread(self, call: step_loop.PendingCall, traced: bool) -> step_loop.LoopResult:
+    def file_unread(self, call: calls.PendingCall, traced: bool) -> calls.LoopResult:
         """Files a dispatched call before its results are read: its steps count, its check waits for `settle`.
 
         The services run as after any call (no service acts at its last step:
@@ -147,7 +147,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         for service in self.services:
             service.before_call(self)
 
-    def after_call(self, result: step_loop.LoopResult, *, read: bool = True) -> None:
+    def after_call(self, result: calls.LoopResult, *, read: bool = True) -> None:
         """Files a host call: counts its steps, then runs the services (NaN guard first).
 
         Args:

@@ -22,7 +22,7 @@ from tftrain.options import check_int
 
 if TYPE_CHECKING:
     from tftrain.checkpoint import Progress
-    from tftrain.engine.step_loop import LoopResult
+    from tftrain.engine.calls import LoopResult
 
 __all__ = ["EveryNSteps", "RunState", "Service", "check_services"]
 
