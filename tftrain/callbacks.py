@@ -69,6 +69,11 @@ class ServicesCallback(keras.callbacks.Callback):
         """No checkpoints of their own: nothing saves the services' states."""
         return {}
 
+    @property
+    def epoch_ending(self) -> bool:
+        """Whether the batch just ended is the epoch's last (`fit` knows its steps)."""
+        return self.progress.step_in_epoch == self.epoch_steps
+
     def settle(self) -> None:
         """Nothing to read: `model.fit` hands every batch's logs to the hooks."""
 

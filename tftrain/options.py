@@ -396,15 +396,20 @@ def _check_signals(value: Any) -> tuple[int, ...]:
         return ()
     items = (value,) if isinstance(value, (str, int)) else tuple(value)
     numbers = []
+    uncatchable = {signal.SIGKILL, signal.SIGSTOP}
     for item in items:
         try:
-            numbers.append(int(signal.Signals[item] if isinstance(item, str) else signal.Signals(item)))
+            number = signal.Signals[item] if isinstance(item, str) else signal.Signals(item)
+            if number in uncatchable:
+                raise ValueError(number.name)
+            numbers.append(int(number))
         except (KeyError, ValueError, TypeError):
             valid = ", ".join(
                 sorted(s.name for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2))
             )
             raise ValueError(
                 f"Invalid value for argument `preemption_signals`. Received: preemption_signals={value!r}. "
-                f"Expected signals (numbers or names such as {valid}), or () to keep the default handlers."
+                f"Expected signals a handler can catch (numbers or names such as {valid}; not SIGKILL or "
+                "SIGSTOP), or () to keep the default handlers."
             ) from None
     return tuple(numbers)

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tftrain.options import check_every_steps
+# `check_every_steps` and `check_profile_steps` live in `tftrain.options`; they stay importable here.
+from tftrain.options import check_every_steps, check_profile_steps  # noqa: F401
 
 TRAIN_RUN = "train"
 VALIDATION_RUN = "validation"
@@ -85,6 +86,10 @@ class TrainingSummaries:
         with tf.init_scope(), self.writer(run).as_default(step=step), tf.summary.record_if(True):
             for name, value in values.items():
                 tf.summary.scalar(name, value)
+
+    def due(self, step_before: int, step_after: int) -> bool:
+        """Whether a host call that took the run from `step_before` to `step_after` crossed an N-step mark."""
+        return bool(self.every_steps) and step_after // self.every_steps > step_before // self.every_steps
 
     def on_steps(
         self,

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tftrain import evaluation, precision, timing
 from tftrain.engine import model_setup
-from tftrain.loops import fit_loop, inference, preparation
+from tftrain.loops import fit_loop, inference, preparation, run_setup
 from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
 from tftrain.options import EngineOptions, RunOptions
@@ -130,7 +130,7 @@ class Trainer:
             best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from, async_checkpoint=async_checkpoint,
         )  # fmt: skip
-        self.services = check_services(services)
+        self.services = check_services(services, reserved=run_setup.BUILT_IN_NAMES)
         self.model, self.model_dir = model, self.run_options.model_dir
         self.strategy = strategy or model.distribute_strategy
         self.measure_timing = bool(measure_timing)
@@ -148,9 +148,12 @@ class Trainer:
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )  # fmt: skip
-        steps = {"train": self.train_step, "eval": self.eval_step, "predict": self.predict_step}
         self.engines = Engines(
-            steps, self.options, self.strategy, self._global_step, stop_on_nonfinite=terminate_on_nan
+            lambda kind: getattr(self, f"{kind}_step"),
+            self.options,
+            self.strategy,
+            self._global_step,
+            stop_on_nonfinite=terminate_on_nan,
         )
         self.timing: timing.TimingReport | None = None
 

@@ -722,3 +722,19 @@ def test_a_checkpoint_from_before_data_modes_resumes_its_iterator_exactly(
     resumed, probe = fit(tmp_path, shuffled_dataset, 3, checkpoint_every_steps=2)
     assert probe.start_step == 6
     assert_same_run(resumed, reference, epochs_run=2)
+
+
+def test_an_error_preparing_the_data_is_not_taken_for_a_damaged_checkpoint(tmp_path):
+    model = make_mlp()
+    saver = Checkpointer(str(tmp_path), lambda: training_state(model))
+    saver.save(Progress(global_step=1), number=1)
+    saver.save(Progress(global_step=2), number=2)
+
+    def prepare(states):
+        raise RuntimeError("the input pipeline failed")
+
+    with pytest.raises(RuntimeError, match="the input pipeline failed"):
+        Checkpointer(str(tmp_path), lambda: training_state(model)).restore_latest(prepare=prepare)
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".corrupt")]
+    restored = Checkpointer(str(tmp_path), lambda: training_state(model)).restore_latest()
+    assert restored.global_step == 2

@@ -1,6 +1,7 @@
 """TensorFlow's per-save INFO line is kept out of the log; every other line still shows."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -13,10 +14,14 @@ def test_only_the_save_info_line_is_dropped(capfd, monkeypatch):
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
     with native_log.without_save_info():
         os.write(2, SAVE_INFO)
+        os.write(
+            2, b"2026-12-05 08:47:03.473787: I tensorflow/core/kernels/data/iterator_ops.cc:172] Saving sym"
+        )
+        os.write(2, b"bolic checkpoint\n")  # TensorFlow 2.16's format, split over two writes
         os.write(2, b"W0000 00:00:1.0 something.cc:1] a warning that stays\n")
         os.write(2, b"E0000 00:00:1.0 other.cc:2] Saving symbolic checkpoint failed: an error that stays\n")
     err = capfd.readouterr().err
-    assert "iterator_ops.cc:206] Saving symbolic checkpoint\n" not in err
+    assert "Saving symbolic checkpoint\n" not in err
     assert "a warning that stays" in err
     assert "an error that stays" in err
 
@@ -48,4 +53,4 @@ def test_fit_with_checkpoints_prints_no_save_info_line(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "saves 4" in result.stdout
     assert "iterator_ops" not in result.stderr  # the save's INFO line
-    assert "I0000" in result.stderr  # TensorFlow's other INFO lines still show
+    assert re.search(r"^(I\d|\d{4}-\d\d-\d\d [\d:.]+: I )", result.stderr, re.M)  # other INFO lines show

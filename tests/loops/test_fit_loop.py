@@ -81,3 +81,34 @@ def test_a_budget_resumed_mid_epoch_ends_exactly_at_it(tmp_path):
     reference = trainer()
     reference.fit(finite(), total_steps=20, verbose=0)
     assert_same_weights(resumed, reference)
+
+
+def test_an_epoch_cut_by_the_budget_validates_without_losing_its_training_metrics(tmp_path):
+    # The cut epoch goes on in a larger budget: its validation must not leave its totals in the metrics.
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 6)).astype("float32"), rng.normal(size=(64, 3)).astype("float32")
+    val = (
+        (rng.normal(size=(16, 6)) * 10).astype("float32"),
+        (rng.normal(size=(16, 3)) * 10).astype("float32"),
+    )
+    arguments = dict(batch_size=8, shuffle=False, verbose=0, validation_data=val)
+    reference = trainer().fit(x, y, total_steps=16, **arguments).history
+    cut = trainer(tmp_path).fit(x, y, total_steps=12, **arguments).history
+    assert len(cut["val_loss"]) == 2  # the cut epoch validated
+    extended = trainer(tmp_path).fit(x, y, total_steps=16, **arguments).history
+    assert extended["loss"][-1] == pytest.approx(reference["loss"][1], rel=1e-6)
+    assert extended["val_loss"][-1] == pytest.approx(reference["val_loss"][1], rel=1e-6)
+
+
+def test_rerunning_a_reached_budget_keeps_the_ema_weights_it_ended_with(tmp_path):
+    def ema_trainer():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+        optimizer = keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5)
+        return tftrain.Trainer(model, optimizer, "mse", model_dir=str(tmp_path))
+
+    first = ema_trainer()
+    first.fit(finite(), total_steps=3, verbose=0)
+    again = ema_trainer()
+    again.fit(finite(), total_steps=3, verbose=0)  # nothing to train: the weights are the finalized ones
+    assert_same_weights(first, again)

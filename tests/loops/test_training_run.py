@@ -248,6 +248,8 @@ def test_no_handler_without_model_dir_or_with_no_signals(tmp_path):
 def test_bad_preemption_signals():
     with pytest.raises(ValueError, match="preemption_signals='SIGNOPE'"):
         tftrain.Trainer(make_mlp(), preemption_signals="SIGNOPE")
+    with pytest.raises(ValueError, match="not SIGKILL or SIGSTOP"):  # no handler can catch them
+        tftrain.Trainer(make_mlp(), preemption_signals=("SIGUSR1", "SIGKILL"))
 
 
 def test_fit_outside_the_main_thread_warns_that_preemption_cannot_checkpoint(tmp_path):

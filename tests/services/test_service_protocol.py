@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 
 import keras
 import numpy as np
@@ -138,7 +139,28 @@ def test_services_must_be_services_with_distinct_names(tmp_path):
         tftrain.Trainer(make_mlp(), "sgd", "mse", services=[CallRecorder(2), CallRecorder(3)])
     clash = CallRecorder(2)
     clash.name = "checkpoint"  # a built-in service's name: its state would overwrite the checkpointer's
-    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[clash])
-    with pytest.raises(ValueError, match=r"services named \['checkpoint'\]"):
+    with pytest.raises(ValueError, match=r"services named \['checkpoint'\], a name of a built-in service"):
+        tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[clash])
+    renamed = CallRecorder(2)
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[renamed])
+    renamed.name = "timing"  # renamed after the Trainer checked it: fit checks again, before any step
+    with pytest.raises(ValueError, match=r"services named \['timing'\]"):
         trainer.fit(regression(), epochs=1, verbose=0)
+    assert renamed.call_ends == [] and renamed.closed
     assert not os.path.exists(tmp_path / "writer.lock")  # the lock is released on the error
+
+
+class FailsToClose(Service):
+    name = "fails_to_close"
+
+    def close(self):
+        raise RuntimeError("close failed")
+
+
+def test_a_service_that_fails_to_close_leaves_no_handler_nor_lock_behind(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[FailsToClose()])
+    with pytest.raises(RuntimeError, match="close failed"):
+        trainer.fit(regression(), epochs=1, verbose=0)
+    assert signal.getsignal(signal.SIGTERM) is before  # the preemption service closed after it
+    assert not os.path.exists(tmp_path / "writer.lock")  # and the writer lock

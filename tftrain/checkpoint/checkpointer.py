@@ -201,22 +201,30 @@ class Checkpointer:
         self.sync()  # a pending write's files are not leftovers
         if not self._read_only:
             self.clean_leftovers()
-        failures = []
+        failures: list[tuple[str, Exception]] = []
+
+        def damaged(path: str, error: Exception) -> None:
+            failures.append((path, error))
+            warnings.warn(
+                f"The checkpoint {path} cannot be read ({type(error).__name__}: {error}); "
+                "falling back to the previous checkpoint.",
+                stacklevel=3,
+            )
+
         for path in reversed(files.candidates(self.restore_directory)):
             try:
                 reader, states = self._validate(path)
-                if prepare is not None:
-                    iterator, prepare = prepare(states), None
+            except Exception as error:  # any read error means this checkpoint is damaged
+                damaged(path, error)
+                continue
+            if prepare is not None:  # its errors are the pipeline's, not the checkpoint's
+                iterator, prepare = prepare(states), None
+            try:
                 progress = self._restore_from(path, reader, iterator)
             except IncompatibleCheckpointError:
                 raise
-            except Exception as error:  # any read error means this checkpoint is damaged
-                failures.append((path, error))
-                warnings.warn(
-                    f"The checkpoint {path} cannot be read ({type(error).__name__}: {error}); "
-                    "falling back to the previous checkpoint.",
-                    stacklevel=2,
-                )
+            except Exception as error:  # e.g. a damaged data iterator state (read only when restored)
+                damaged(path, error)
                 continue
             if failures and not self._read_only:
                 files.set_aside(self.directory, path, [failed for failed, _ in failures])
@@ -318,7 +326,9 @@ class Checkpointer:
         if path is None:
             return None
         try:
-            return self._validate(path)[1]
+            reader = tf.train.load_checkpoint(path)
+            saved = reader.get_tensor(SERVICE_STATES_KEY) if reader.has_tensor(SERVICE_STATES_KEY) else b""
+            return parse_service_states(saved)
         except Exception:  # a damaged checkpoint (any read error): nothing to tell
             return None
 

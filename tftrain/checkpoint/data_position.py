@@ -37,7 +37,7 @@ SYMBOLIC, POSITION, FULL = "symbolic", "position", "full"
 _NONDETERMINISTIC_OPS = ("Random", "Shuffle", "Sampl", "PyFunc", "Generator", "DirectedInterleave")
 
 # Dataset ops whose iterators tf.data cannot save symbolically (checked against
-# TensorFlow by tests/test_data_checkpoint.py); a generator cannot be saved at all.
+# TensorFlow by tests/checkpoint/test_data_position.py); a generator cannot be saved at all.
 _NO_SYMBOLIC_CHECKPOINT = (
     "CacheDataset",
     "GeneratorDataset",

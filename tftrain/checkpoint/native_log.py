@@ -3,20 +3,26 @@
 Each save of a `tf.data` iterator with symbolic checkpointing logs
 "Saving symbolic checkpoint" at INFO level from TensorFlow's C++ code
 (`iterator_ops.cc`). TensorFlow offers no way to lower its C++ log level
-once it is loaded (`TF_CPP_MIN_LOG_LEVEL` is read once), so around a save
-the process's stderr is captured and everything but that line is written
-back: warnings and errors still show, in order, right after the save.
+once it is loaded (`TF_CPP_MIN_LOG_LEVEL` is read once), so during a save
+the process's stderr goes through a pipe: a thread forwards every line but
+that one to the real stderr as it arrives, so warnings and errors still show,
+in order, and a crash inside the save loses nothing already written.
+
+An asynchronous save (`async_checkpoint=True`) logs the line from
+TensorFlow's writer thread after `save` returned: that line still shows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
-import tempfile
+import threading
 from collections.abc import Iterator
 
-_SAVE_INFO = b"Saving symbolic checkpoint"
+# glog/absl's INFO prefix ("I1205 08:47:03.473787 ...", or TF 2.16's "2026-12-05 08:47:03.473787: I ...").
+_SAVE_INFO = re.compile(rb"^(I\d|\d{4}-\d\d-\d\d [\d:.]+: I ).*Saving symbolic checkpoint")
 
 
 def _info_shown() -> bool:
@@ -35,29 +41,38 @@ def without_save_info() -> Iterator[None]:
         return
     stderr_fd = 2  # where TensorFlow's C++ logging writes, whatever `sys.stderr` is
     _flush_python_stderr()
-    saved_fd = os.dup(stderr_fd)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), stderr_fd)
-        try:
-            yield
-        finally:
-            _flush_python_stderr()
-            os.dup2(saved_fd, stderr_fd)
-            os.close(saved_fd)
-            captured.seek(0)
-            kept = [line for line in captured.read().splitlines(keepends=True) if not _is_save_info(line)]
+    real_stderr = os.dup(stderr_fd)
+    read_end, write_end = os.pipe()
+    forwarder = threading.Thread(target=_forward, args=(read_end, real_stderr), daemon=True)
+    forwarder.start()
+    os.dup2(write_end, stderr_fd)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        _flush_python_stderr()
+        os.dup2(real_stderr, stderr_fd)  # the pipe's last writer is gone: the forwarder reads to its end
+        forwarder.join(timeout=10.0)
+        if not forwarder.is_alive():  # else a process started meanwhile holds the pipe: keep forwarding
+            os.close(real_stderr)
+
+
+def _forward(read_end: int, real_stderr: int) -> None:
+    """Copies the pipe to the real stderr line by line, all but the save's INFO lines."""
+    pending = b""
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            kept = [line + b"\n" for line in lines if not _SAVE_INFO.match(line)]
             if kept:
-                os.write(stderr_fd, b"".join(kept))
+                os.write(real_stderr, b"".join(kept))
+    if pending and not _SAVE_INFO.match(pending):
+        os.write(real_stderr, pending)
 
 
 def _flush_python_stderr() -> None:
-    """Writes out what Python buffered for stderr, so it lands before (or inside) the capture, in order."""
+    """Writes out what Python buffered for stderr, so it lands in order."""
     try:
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         pass
-
-
-def _is_save_info(line: bytes) -> bool:
-    """Whether a line is TensorFlow's INFO line of a symbolic-checkpoint save (glog/absl: `I...`)."""
-    return line.startswith(b"I") and _SAVE_INFO in line

@@ -2,7 +2,7 @@
 
 The checkpoint's object graph is matched to the live objects by name, as
 `tf.train.Checkpoint` matches them when it restores (the walk is
-`checkpoint_validation.match_saved_graph`, shared with the compatibility check).
+`tftrain.checkpoint.validation.match_saved_graph`, shared with the compatibility check).
 The values are then assigned from the checkpoint reader rather than through
 `Checkpoint.read(...).expect_partial()`: a partial read keeps a pending restore
 for every saved object it did not find, and TensorFlow applies it to a

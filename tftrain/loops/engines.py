@@ -35,8 +35,9 @@ class Engines:
     """The engines of one Trainer, built once per kind and kept across calls.
 
     Args:
-        steps: Kind (`"train"`, `"eval"`, `"predict"`) -> the step function
-            (`batch -> logs`, or predictions).
+        step_of: Kind (`"train"`, `"eval"`, `"predict"`) -> the step function
+            (`batch -> logs`, or predictions), asked when that kind's engine
+            is first built (as Keras's `make_train_function` looks up `train_step`).
         options: How the steps run.
         strategy: The strategy they run under.
         global_step: The run's global step, incremented before each training step.
@@ -45,14 +46,14 @@ class Engines:
 
     def __init__(
         self,
-        steps: dict[str, Callable[[Any], Any]],
+        step_of: Callable[[str], Callable[[Any], Any]],
         options: EngineOptions,
         strategy: tf.distribute.Strategy,
         global_step: tf.Variable,
         *,
         stop_on_nonfinite: bool,
     ):
-        self.steps = steps
+        self.step_of = step_of
         self.options = options
         self.strategy = strategy
         self.global_step = global_step
@@ -65,7 +66,7 @@ class Engines:
         """The engine of `kind`, built on first use."""
         if kind not in self.loops:
             self.loops[kind] = step_loop.make_loop(
-                self.steps[kind],
+                self.step_of(kind),
                 self.options,
                 self.strategy,
                 f"{kind}_step",

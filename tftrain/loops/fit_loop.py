@@ -78,14 +78,16 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             if model.stop_training or run.finished:
                 break
         optimizer = getattr(model, "optimizer", None)
-        if isinstance(optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        if isinstance(optimizer, keras.optimizers.Optimizer) and call.epochs > 0:
             optimizer.finalize_variable_values(model.trainable_weights)  # e.g. EMA weights
         callback_list.on_train_end(logs=training_logs)
     finally:
-        run.close()
-        call.plan.close()
-        if call.validation_plan is not None:
-            call.validation_plan.close()
+        try:
+            run.close()
+        finally:
+            call.plan.close()
+            if call.validation_plan is not None:
+                call.validation_plan.close()
     report = timer.report(run.trace_count())
     if call.verbose != 0 and owner.measure_timing:
         print(f"tftrain timing ({engines.options.name}):\n{report.summary()}")
@@ -115,8 +117,11 @@ def _train_epoch(
     )
     epoch_logs = inference.pass_logs(owner, logs, "train")
     if call.validation_plan is not None and fit_checks.should_validate(epoch, call.validation_freq):
-        with tf.summary.record_if(False):  # the writer in fit is the training step's
-            val_logs = inference.run_evaluation(owner, call.validation_plan, callback_list)
+        if run.cut_by_budget:  # the epoch goes on in a larger budget: its metrics must too
+            val_logs = inference.validate_mid_epoch(owner, call.validation_plan, callback_list)
+        else:
+            with tf.summary.record_if(False):  # the writer in fit is the training step's
+                val_logs = inference.run_evaluation(owner, call.validation_plan, callback_list)
         epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
     callback_list.on_epoch_end(epoch, epoch_logs)
     run.end_epoch(keras_internals.pythonify_logs(epoch_logs))

@@ -34,13 +34,14 @@ from tftrain import distribute, summaries, timing
 from tftrain.checkpoint import data_position
 from tftrain.checkpoint.writer_lock import WriterLock
 from tftrain.data.epoch_plan import EpochPlan
-from tftrain.loops.training_run import TrainingRun
+from tftrain.loops.training_run import TrainingRun, close_all
 from tftrain.options import RunOptions, check_profile_steps
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.data_position import DataCheckpointService
-from tftrain.services.multiworker_preemption import multiworker_preemption
+from tftrain.services.multiworker_preemption import MultiWorkerPreemption, multiworker_preemption
 from tftrain.services.nan_guard import NonFiniteGuard
+from tftrain.services.periodic_validation import PeriodicValidation
 from tftrain.services.preemption import PreemptionService
 from tftrain.services.profiler import ProfilerService
 from tftrain.services.protocol import Service
@@ -50,7 +51,17 @@ from tftrain.services.tensorboard import SummaryService
 from tftrain.services.timing_state import TimingService
 from tftrain.services.writer_lock import WriterLockService
 
-__all__ = ["report_resume", "start_run"]
+__all__ = ["BUILT_IN_NAMES", "report_resume", "start_run"]
+
+BUILT_IN_NAMES = frozenset(
+    service.name
+    for service in (
+        NonFiniteGuard, StepBudget, PeriodicValidation, DataCheckpointService, ProfilerService, SummaryService,
+        BestCheckpointService, CheckpointService, PreemptionService, MultiWorkerPreemption, WriterLockService,
+        InStepSummaryService, TimingService,
+    )
+)  # fmt: skip
+"""The names of the built-in services (a user's service cannot take one: its state is saved by name)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +170,7 @@ def start_run(
                     f"(epoch {restored.epoch + 1}, step {restored.step_in_epoch} of the epoch).",
                     verbose,
                 )
-            services += _model_dir_services(where, checkpointer, window, timer, restored, data_mode)
+            _add_model_dir_services(services, where, checkpointer, window, timer, restored, data_mode)
             if lock is not None:
                 services.append(WriterLockService(lock))  # released at the run's end, after the last save
                 lock = None
@@ -175,9 +186,8 @@ def start_run(
             # 5. the data position
             plan.resume(restored.batches_in_pass, restored.step_in_epoch, checkpointer.iterator_restored)
     except BaseException:
-        for service in services:  # what the services hold: writers, signal handlers, the lock
-            with contextlib.suppress(Exception):
-                service.close()
+        with contextlib.suppress(Exception):  # the setup's error is the one to report
+            close_all(services)  # what the services hold: writers, signal handlers, the lock
         if lock is not None:
             lock.close()
         raise
@@ -265,18 +275,22 @@ def _restore(
     return progress, modes[0]
 
 
-def _model_dir_services(
+def _add_model_dir_services(
+    services: list[Service],
     where: _ModelDir,
     checkpointer: checkpoint_lib.Checkpointer,
     window: tuple[int, int] | None,
     timer: timing.StepTimer | None,
     restored: checkpoint_lib.Progress | None,
     data_mode: str | None,
-) -> list[Service]:
-    """The services that write to `model_dir`, in the order they run."""
+) -> None:
+    """Appends the services that write to `model_dir`, in the order they run, each as it is made.
+
+    Each is in `services` as soon as it exists, so an error while the next is
+    made closes it (its writer, its signal handlers).
+    """
     options, place, chief, model_dir = where.options, where.place, where.chief, where.path
     step = restored.global_step if restored is not None else 0
-    services: list[Service] = []
     if data_mode is not None:
         services.append(DataCheckpointService(data_mode))
     if chief and window is not None:
@@ -311,7 +325,6 @@ def _model_dir_services(
         )
         if preemption is not None:
             services.append(preemption)
-    return services
 
 
 def _check_names(services: list[Service]) -> None:

@@ -16,7 +16,7 @@ from tftrain.engine import calls
 from tftrain.services.protocol import Service
 from tftrain.services.timing_state import TimingService
 
-__all__ = ["TrainingRun"]
+__all__ = ["TrainingRun", "close_all"]
 
 
 class TrainingRun:  # implements tftrain.services.protocol.RunState
@@ -166,6 +166,11 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
             service.after_call(self, result)
 
     @property
+    def epoch_ending(self) -> bool:
+        """Whether the epoch ends after the call just filed: at its last step, or at the step budget."""
+        return self.finished or self.progress.step_in_epoch == self.epoch_steps
+
+    @property
     def cut_by_budget(self) -> bool:
         """Whether the step budget ended the run before the current epoch's last step.
 
@@ -187,6 +192,20 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
             service.end_epoch(self, epoch_logs)
 
     def close(self) -> None:
-        """Closes every service (the profiler stops, writers flush, scratch copies go)."""
-        for service in self.services:
+        """Closes every service (the profiler stops, writers flush, handlers and the lock go).
+
+        Every service is closed even if one fails; the first error is raised after.
+        """
+        close_all(self.services)
+
+
+def close_all(services: list[Service]) -> None:
+    """Closes each service, all of them even if one raises; then raises the first error, if any."""
+    first_error: BaseException | None = None
+    for service in services:
+        try:
             service.close()
+        except BaseException as error:  # the signal handlers and the writer lock must still go
+            first_error = first_error or error
+    if first_error is not None:
+        raise first_error

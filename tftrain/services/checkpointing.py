@@ -65,8 +65,8 @@ class CheckpointService(Service):
 
     def after_call(self, run: RunState, result: Any) -> None:
         step = run.progress.global_step
-        # No step checkpoint at an epoch's last step: the epoch-end checkpoint follows.
-        if self.when.reached(step - result.steps, step) and run.progress.step_in_epoch != run.epoch_steps:
+        # No step checkpoint where the epoch ends (its last step, the budget): its checkpoint follows.
+        if self.when.reached(step - result.steps, step) and not run.epoch_ending:
             self.save(run)
 
     def end_epoch(self, run: RunState, logs: dict[str, Any]) -> None:

@@ -172,7 +172,7 @@ class MultiWorkerPreemption(Service):
 
     def after_call(self, run: RunState, result: Any) -> None:
         # At an epoch's last step the epoch ends first; its checkpoint is the one kept.
-        if run.progress.step_in_epoch != run.epoch_steps:
+        if not run.epoch_ending:
             self._check(run)
 
     def end_epoch(self, run: RunState, logs: dict[str, Any]) -> None:

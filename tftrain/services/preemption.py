@@ -37,8 +37,12 @@ class SignalRecorder:
                 stacklevel=stacklevel,
             )
             return
-        for number in signals:
-            self._previous[number] = signal.signal(number, self._record)
+        try:
+            for number in signals:
+                self._previous[number] = signal.signal(number, self._record)
+        except BaseException:
+            self.restore()  # the handlers installed before the failure
+            raise
 
     def _record(self, number: int, frame: Any) -> None:
         del frame
@@ -96,8 +100,8 @@ class PreemptionService(Service):
             self._stop(run)
 
     def after_call(self, run: RunState, result: Any) -> None:
-        # At an epoch's last step the epoch ends first; its checkpoint is the last one.
-        if self.received is not None and run.progress.step_in_epoch != run.epoch_steps:
+        # Where the epoch ends (its last step, the budget) it ends first; its checkpoint is the last one.
+        if self.received is not None and not run.epoch_ending:
             self._stop(run)
 
     def end_epoch(self, run: RunState, logs: dict[str, Any]) -> None:

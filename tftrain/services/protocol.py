@@ -41,6 +41,14 @@ class RunState(Protocol):
     epoch_steps: int | None
     total_steps: int | None
 
+    @property
+    def epoch_ending(self) -> bool:
+        """Whether the epoch ends after the call just filed (its last step, or the step budget's).
+
+        An action due "at the end of a call" waits for the epoch end then
+        (which comes next), as a checkpoint does.
+        """
+
     def settle(self) -> None:
         """Reads a host call whose results were left unread (a checkpoint must hold only checked steps)."""
 
@@ -147,8 +155,8 @@ class EveryNSteps:
         return step // self.every_steps > before // self.every_steps
 
 
-def check_services(services: Any) -> tuple[Service, ...]:
-    """`Trainer(services=...)` as a tuple of `Service` instances with distinct names."""
+def check_services(services: Any, reserved: frozenset[str] = frozenset()) -> tuple[Service, ...]:
+    """`Trainer(services=...)` as a tuple of `Service` instances with distinct names, none of them `reserved`."""
     services = tuple(services or ())
     for service in services:
         if not isinstance(service, Service):
@@ -157,6 +165,13 @@ def check_services(services: Any) -> tuple[Service, ...]:
                 "Expected instances of tftrain.services.Service (subclass it and override its methods)."
             )
     names = [service.name for service in services]
+    taken = sorted(set(names) & reserved)
+    if taken:
+        raise ValueError(
+            f"Invalid value for argument `services`. Received: services named {taken}, a name of a built-in "
+            f"service (those are {sorted(reserved)}). Expected another `name`: it names the service's state "
+            "in a checkpoint."
+        )
     if len(set(names)) != len(names):
         raise ValueError(
             f"Invalid value for argument `services`. Received: services named {names}. Expected distinct "
