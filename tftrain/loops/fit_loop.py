@@ -12,6 +12,7 @@ every callback hook, its order and its logs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -36,8 +37,11 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     train_loop = engines.loop("train")
     timer = timing.StepTimer()
     measured = timer if owner.measure_timing else None
-    callbacks: list[keras.callbacks.CallbackList] = []  # made once the epochs are known (below)
     step_history: dict[str, list[Any]] = {}
+
+    def validate() -> dict[str, Any]:  # a validation every N steps; `callback_list` is made below
+        return inference.validate_mid_epoch(owner, call.validation_plan, callback_list)
+
     run = run_setup.start_run(
         owner.run_options,
         model=model,
@@ -49,7 +53,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         verbose=check_verbose(call.verbose),
         strategy=engines.strategy,
         total_steps=call.total_steps,
-        extra_services=_call_services(owner, call, callbacks, step_history) + tuple(owner.services),
+        extra_services=_call_services(call, validate, step_history) + tuple(owner.services),
         global_step=owner.global_step,
         in_step_summaries=lambda: engines.in_step_summaries(
             owner.run_options.model_dir, owner.run_options.summary_every_steps
@@ -66,7 +70,6 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             steps=call.plan.steps,
             model=model,
         )
-        callbacks.append(callback_list)
         model.history.step_history = step_history
         model.stop_training = False
         training_logs = None
@@ -149,18 +152,9 @@ def _target_epochs(call: FitCall, run: TrainingRun) -> int:
 
 
 def _call_services(
-    owner: StepOwner,
-    call: FitCall,
-    callbacks: list[keras.callbacks.CallbackList],
-    step_history: dict[str, list[Any]],
+    call: FitCall, validate: Callable[[], dict[str, Any]], step_history: dict[str, list[Any]]
 ) -> tuple[PeriodicValidation, ...]:
     """The services this call asks for: a validation every N steps."""
     if call.validation_every_steps is None:
         return ()
-    return (
-        PeriodicValidation(
-            call.validation_every_steps,
-            lambda: inference.validate_mid_epoch(owner, call.validation_plan, callbacks[0]),
-            step_history,
-        ),
-    )
+    return (PeriodicValidation(call.validation_every_steps, validate, step_history),)
