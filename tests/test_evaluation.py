@@ -62,7 +62,7 @@ def test_after_training_matches_evaluate_of_each_checkpoint(finished_dir, tmp_pa
     reference = evaluator(seed=5)
     for step in STEPS:
         restore_model(reference.model, os.path.join(checkpoints, f"ckpt-{step}"), include_optimizer=False)
-        expected = reference.evaluate(x, y, batch_size=8, verbose=0)
+        expected = reference.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
         assert results[step].keys() == expected.keys()
         for key, value in expected.items():
             np.testing.assert_allclose(results[step][key], value, rtol=1e-6, err_msg=f"{key} at {step}")

@@ -144,7 +144,7 @@ SCRIPT = textwrap.dedent(
     inference = {}
     for name, kwargs in {"graph": {}, "loop2": {"steps_per_loop": 2}, "eager": {"use_tf_function": False}}.items():
         trainer = tftrain.Trainer(model, **kwargs)
-        logs = trainer.evaluate(x, y, batch_size=24, verbose=0)
+        logs = trainer.evaluate(x, y, batch_size=24, verbose=0, return_dict=True)
         inference[name] = {
             "strategy": trainer.strategy is strategy,
             "predict_diff": float(np.abs(trainer.predict(x, batch_size=24, verbose=0) - expected_predictions).max()),

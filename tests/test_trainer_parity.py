@@ -84,9 +84,9 @@ def test_every_engine_evaluate_and_predict_match_keras(engine):
     trainer = tftrain.Trainer(model, **ENGINE_TRAINER[engine])
     keras_recorder, recorder = Recorder(), Recorder()
     expected = reference.evaluate(x, y, batch_size=8, verbose=0, callbacks=[keras_recorder])
-    got = trainer.evaluate(x, y, batch_size=8, verbose=0, callbacks=[recorder], return_dict=False)
+    got = trainer.evaluate(x, y, batch_size=8, verbose=0, callbacks=[recorder])
     np.testing.assert_allclose(got, expected, rtol=1e-6)
-    assert trainer.evaluate(x, y, batch_size=8, verbose=0) == reference.evaluate(
+    assert trainer.evaluate(x, y, batch_size=8, verbose=0, return_dict=True) == reference.evaluate(
         x, y, batch_size=8, verbose=0, return_dict=True
     )
     same_events(keras_recorder, recorder)
@@ -286,35 +286,50 @@ def test_python_generator_with_steps_matches_keras():
     )
 
 
-def test_finite_generator_one_epoch_has_no_unmatched_batch_hooks():
+def test_finite_generator_one_epoch_calls_the_hooks_fit_calls():
     x, y = data()
 
     def batches():
         for start in range(0, 48, 8):
             yield x[start : start + 8], y[start : start + 8]
 
-    model = mlp()()
-    recorder = Recorder()
-    tftrain.Trainer(model, **classifier_compile(), steps_per_loop=4).fit(
-        batches(), callbacks=[recorder], verbose=0
-    )
-    hooks = [event[0] for event in recorder.events]
-    assert hooks.count("on_train_batch_begin") == hooks.count("on_train_batch_end") == 2
+    def run(fit):
+        model, recorder = mlp()(), Recorder()
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", steps_per_execution=4)
+        fit(model)(batches(), callbacks=[recorder], verbose=0)
+        return model, [event[:2] for event in recorder.events]
+
+    keras_model, under_fit = run(lambda model: model.fit)
+    model, under_trainer = run(lambda model: tftrain.Trainer(model, steps_per_loop=4).fit)
+    # Calls of 4 and 2 steps, then Keras's begin hook of a call that finds no batch.
+    assert under_trainer == under_fit
     assert int(model.optimizer.iterations) == 6
+    weights_close(keras_model, model)
 
 
-def test_data_running_out_mid_epoch_has_no_unmatched_batch_hooks():
+@pytest.mark.parametrize("steps_per_loop", [1, 3])
+def test_data_running_out_mid_epoch_calls_the_hooks_fit_calls(steps_per_loop):
     x, y = data()
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).filter(lambda a, b: True)  # unknown length
-    model = mlp()()
-    recorder = Recorder()
-    with pytest.warns(UserWarning, match="ran out of data"):
-        tftrain.Trainer(model, **classifier_compile()).fit(
-            dataset, epochs=2, steps_per_epoch=10, callbacks=[recorder], verbose=0
+
+    def run(fit):
+        dataset = (
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(8).filter(lambda a, b: True)
+        )  # unknown length
+        model, recorder = mlp()(), Recorder()
+        # SGD: its steps do not depend on `optimizer.iterations`, which Keras's one-step
+        # call that finds no batch still increments (the Trainer counts the steps it ran).
+        model.compile(
+            optimizer="sgd", loss="sparse_categorical_crossentropy", steps_per_execution=steps_per_loop
         )
-    hooks = [event[0] for event in recorder.events]
-    assert hooks.count("on_train_batch_begin") == hooks.count("on_train_batch_end") == 12
+        with pytest.warns(UserWarning, match="ran out of data"):
+            fit(model)(dataset, epochs=2, steps_per_epoch=10, callbacks=[recorder], verbose=0)
+        return model, [event[:2] for event in recorder.events]
+
+    keras_model, under_fit = run(lambda model: model.fit)
+    model, under_trainer = run(lambda model: tftrain.Trainer(model, steps_per_loop=steps_per_loop).fit)
+    assert under_trainer == under_fit  # hooks and indices, the begin of the call that finds no data too
     assert int(model.optimizer.iterations) == 12
+    weights_close(keras_model, model)
 
 
 # ------------------------------------------------------------------ fit arguments
@@ -369,7 +384,7 @@ def test_keyword_x_y_and_evaluate_sample_weight_match_keras():
         x=x, y=y, sample_weight=weights, batch_size=8, verbose=0, return_dict=True
     )
     assert tftrain.Trainer(model).evaluate(
-        x=x, y=y, sample_weight=weights, batch_size=8, verbose=0
+        x=x, y=y, sample_weight=weights, batch_size=8, verbose=0, return_dict=True
     ) == pytest.approx(expected, rel=1e-6)
 
 
@@ -400,7 +415,7 @@ def test_a_keras_config_step_limit_above_the_data_is_only_a_cap():
             mlp(), classifier_compile, data_args=(x, y), fit_kwargs=dict(batch_size=8, epochs=2)
         )
         model = result[3]
-        logs = tftrain.Trainer(model).evaluate(x, y, batch_size=8, verbose=0)
+        logs = tftrain.Trainer(model).evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
         predictions = tftrain.Trainer(model).predict(x, batch_size=8, verbose=0)
     finally:
         keras.config.set_max_steps_per_epoch(None)
@@ -495,7 +510,7 @@ def test_own_test_step_with_compiled_metrics_evaluates_like_keras():
         else:
             trainer = tftrain.Trainer(model)
             results.append(
-                (trainer.evaluate(x, y, verbose=0), trainer.evaluate(x, y, verbose=0, return_dict=False))
+                (trainer.evaluate(x, y, verbose=0, return_dict=True), trainer.evaluate(x, y, verbose=0))
             )
     (keras_dict, keras_list), (trainer_dict, trainer_list) = results
     assert sorted(trainer_dict) == ["loss", "mae"] and all(
@@ -796,3 +811,66 @@ def test_backup_and_restore_with_model_dir_is_refused_before_any_step(tmp_path):
     with pytest.raises(ValueError, match="BackupAndRestore callback with model_dir"):
         trainer.fit(x, y, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))], verbose=0)
     assert int(model.optimizer.iterations) == 0
+
+
+# ------------------------------------------------------------------ evaluate's return
+
+
+def _evaluate_model(setup):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    if setup == "multi_output":
+        outputs = {"a": keras.layers.Dense(3, name="a")(hidden), "b": keras.layers.Dense(1, name="b")(hidden)}
+        model = keras.Model(inputs, outputs)
+        model.compile(
+            "sgd",
+            loss={"a": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "b": "mse"},
+            metrics={"a": ["accuracy"], "b": ["mae", "mse"]},
+        )
+        return model
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    metrics = {"loss_only": [], "one_metric": ["mae"], "several_metrics": ["mse", "mae"]}[setup]
+    model.compile("sgd", "mse", metrics=metrics)
+    return model
+
+
+@pytest.mark.parametrize("setup", ["loss_only", "one_metric", "several_metrics", "multi_output"])
+def test_evaluate_returns_what_keras_returns(setup):
+    x, labels = data()
+    y = {"a": labels, "b": x[:, :1]} if setup == "multi_output" else x[:, :1]
+    reference, model = _evaluate_model(setup), _evaluate_model(setup)
+    trainer = tftrain.Trainer(model)
+    for kwargs in ({}, {"return_dict": False}, {"return_dict": True}):
+        expected = reference.evaluate(x, y, batch_size=16, verbose=0, **kwargs)
+        got = trainer.evaluate(x, y, batch_size=16, verbose=0, **kwargs)
+        assert type(got) is type(expected), (kwargs, got, expected)
+        if isinstance(expected, dict):
+            assert list(got) == list(expected)  # the same keys, in Keras's order
+            assert got == pytest.approx(expected, rel=1e-6)
+        elif isinstance(expected, list):
+            assert len(got) == len(expected) and all(type(value) is float for value in got)
+            np.testing.assert_allclose(got, expected, rtol=1e-6)  # Keras's metrics order
+        else:
+            assert type(got) is float and got == pytest.approx(expected, rel=1e-6)
+    if setup == "loss_only":
+        assert type(trainer.evaluate(x, y, verbose=0)) is float  # a scalar by default, as Keras
+    if setup == "several_metrics":  # the order of the list is the compiled metrics' order, not sorted
+        listed = trainer.evaluate(x, y, verbose=0)
+        logs = trainer.evaluate(x, y, verbose=0, return_dict=True)
+        assert listed == pytest.approx([logs["loss"], logs["mse"], logs["mae"]], rel=1e-6)
+
+
+def test_evaluate_takes_keras_keyword_arguments_as_keras_does():
+    x, _ = data()
+    reference, model = _evaluate_model("one_metric"), _evaluate_model("one_metric")
+    trainer = tftrain.Trainer(model)
+    expected = reference.evaluate(x, x[:, :1], verbose=0, _use_cached_eval_dataset=False)
+    assert trainer.evaluate(x, x[:, :1], verbose=0, _use_cached_eval_dataset=False) == pytest.approx(
+        expected, rel=1e-6
+    )
+    with pytest.raises(ValueError, match="Arguments not recognized") as keras_error:
+        reference.evaluate(x, x[:, :1], verbose=0, unknown=1)
+    with pytest.raises(ValueError, match="Arguments not recognized") as error:
+        trainer.evaluate(x, x[:, :1], verbose=0, unknown=1)
+    assert str(error.value) == str(keras_error.value)

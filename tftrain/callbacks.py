@@ -46,9 +46,11 @@ class ServicesCallback(keras.callbacks.Callback):
         progress: Where the run is (the `RunState`'s progress).
         epoch_steps: Steps in the current epoch, if `fit` knows them.
         total_steps: Always None (`model.fit` has no step budget).
+        nonfinite_step: Always None (no loss check here; these services write no checkpoint).
     """
 
     total_steps = None
+    nonfinite_step = None
 
     def __init__(self):
         super().__init__()

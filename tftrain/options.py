@@ -283,7 +283,13 @@ class RunOptions:
             `model_dir/train` for TensorBoard's profile tab. Needs `model_dir`.
         terminate_on_nan: Stop with `NonFiniteLossError` at the first step
             whose loss (a `loss` or `*_loss` log) is NaN or infinite; no
-            checkpoint is written for it.
+            checkpoint is written for it. A `fit` call whose `callbacks` hold
+            Keras's `keras.callbacks.TerminateOnNaN` (or a subclass) leaves the
+            policy to that callback, as under `model.fit`: no error here, no
+            host call cut short, and the callback stops training or raises;
+            with `model_dir`, no checkpoint (periodic, epoch end, preemption,
+            best) is written from the first non-finite step of the call on
+            (warned once). False: nothing is checked, and training goes on.
         preemption_signals: With `model_dir`: signals (numbers or names) on
             which `fit` finishes the host call in flight, saves a checkpoint
             at that step and raises `tftrain.PreemptedError`; rerunning

@@ -70,7 +70,9 @@ class Trainer:
         max_to_keep: Checkpoints kept in `model_dir`.
         summary_every_steps: Also write training summaries every this many steps.
         profile_steps: `(start, stop)`: profile these training steps.
-        terminate_on_nan: Stop at the first step whose loss is NaN or infinite.
+        terminate_on_nan: Stop at the first step whose loss is NaN or infinite;
+            a `fit` whose callbacks hold Keras's `TerminateOnNaN` leaves it to
+            that callback (no checkpoint then holds a non-finite step).
         preemption_signals: Signals on which `fit` saves and stops.
         best_checkpoint_monitor: Also keep the best epoch's checkpoint by this log.
         best_checkpoint_mode: `"min"`, `"max"` or `"auto"`.
@@ -274,7 +276,8 @@ class Trainer:
 
         Raises:
             TypeError, ValueError: bad arguments or inputs, raised before any step runs.
-            NonFiniteLossError: a loss became NaN or infinite (with `terminate_on_nan`).
+            NonFiniteLossError: a loss became NaN or infinite (with
+                `terminate_on_nan`, unless `callbacks` hold `TerminateOnNaN`).
         """
         call = preparation.fit_call(
             self, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
@@ -293,18 +296,23 @@ class Trainer:
         sample_weight: Any = None,
         steps: int | None = None,
         callbacks: list[keras.callbacks.Callback] | None = None,
-        return_dict: bool = True,
+        return_dict: bool = False,
+        **kwargs: Any,
     ) -> dict[str, float] | list[float] | float:
-        """Evaluates the model with `eval_step`, as `keras.Model.evaluate` does (same arguments).
-
-        One difference in default: `return_dict=True` (Keras: False); False
-        gives Keras's values in `model.metrics_names` order (a scalar if one).
+        """Evaluates the model with `eval_step`, as `keras.Model.evaluate` does (same arguments and defaults).
 
         Returns:
-            The metrics at the end of the pass, as Python floats.
+            The metrics at the end of the pass, as Python floats, as Keras
+            returns them: with `return_dict=True` a dict (metric name ->
+            value); by default a list in Keras's metrics order (the compiled
+            loss and metrics first, then the other logs by name), or a scalar
+            if there is one value.
+
+        Raises:
+            ValueError: a keyword argument `keras.Model.evaluate` does not take.
         """
         return inference.evaluate(
-            self, x, y, batch_size, verbose, sample_weight, steps, callbacks, return_dict
+            self, x, y, batch_size, verbose, sample_weight, steps, callbacks, return_dict, kwargs
         )
 
     def predict(

@@ -71,3 +71,21 @@ def test_replace_base_rewrites_the_hierarchy_below_the_new_base():
     keras_internals.replace_base(Leaf, Old, New)
     assert Middle.__bases__ == (New,) and New.__bases__ == (Old,)
     assert issubclass(Leaf, New)
+
+
+def test_distributed_dataset_accessors_find_tensorflow_s_internals():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    dataset = tf.data.Dataset.range(4).batch(2)
+    distributed = strategy.experimental_distribute_dataset(dataset)
+    from_function = strategy.distribute_datasets_from_function(lambda _: dataset)
+    assert keras_internals.distributed_dataset_strategy(distributed) is strategy
+    assert keras_internals.distributed_dataset_strategy(from_function) is strategy
+    assert keras_internals.made_from_function(from_function)
+    assert not keras_internals.made_from_function(distributed)
+    spec = tf.TensorSpec((None, 3))
+    assert keras_internals.per_replica_spec(spec) is spec
+    from tensorflow.python.distribute.values import PerReplicaSpec
+
+    assert keras_internals.per_replica_spec(PerReplicaSpec(spec, spec)) == spec
+    with pytest.raises(keras_internals.KerasInternalsError, match="_strategy"):
+        keras_internals.distributed_dataset_strategy(object())

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tftrain.data import inputs
+from tftrain.data.distributed_data import DistributedData
 from tftrain.data.epoch_plan import EpochPlan
 
 
@@ -230,17 +231,14 @@ def test_infinite_dataset_needs_steps():
     assert plan.steps == 5
 
 
-def test_steps_past_a_finite_dataset_is_an_error():
-    with pytest.raises(ValueError, match="steps_per_epoch") as info:
-        plan_of(tf.data.Dataset.range(10).batch(2), 6)
-    message = str(info.value)
-    assert "steps_per_epoch=6" in message
-    assert "only 5 batches" in message
+def test_steps_past_a_finite_dataset_is_taken_as_keras_takes_it():
+    plan = plan_of(tf.data.Dataset.range(10).batch(2), 6)  # 5 batches: the epoch ends with the data
+    assert plan.steps == 6
 
 
 def test_custom_argument_names_in_errors():
-    with pytest.raises(ValueError, match="validation_steps=3") as info:
-        plan_of(tf.data.Dataset.range(4).batch(2), 3, "validation_data", "validation_steps")
+    with pytest.raises(ValueError, match="validation_steps=None") as info:
+        plan_of(tf.data.Dataset.range(4).repeat().batch(2), None, "validation_data", "validation_steps")
     assert "`validation_data`" in str(info.value)
 
 
@@ -262,14 +260,16 @@ def test_unknown_cardinality_empty_dataset_fails_at_end_of_epoch():
         plan.end_epoch(0, data_ended=True)
 
 
-def test_unknown_cardinality_is_learned_after_a_pass():
+def test_unknown_cardinality_stays_unknown_after_a_pass():
+    # As Keras's epoch iterator, later passes look for the end themselves (their calls do not
+    # stop at a length learned from the first pass).
     dataset = tf.data.Dataset.range(10).filter(lambda v: v < 5).batch(2)
     plan = plan_of(dataset)
     assert plan.steps is None
     iterator = plan.begin_epoch()
     assert len(list(iterator)) == 3
     plan.end_epoch(3, data_ended=True)
-    assert plan.steps == 3
+    assert plan.steps is None and plan.batches_left(0) is None
 
 
 def test_without_steps_each_epoch_is_a_fresh_pass():
@@ -351,8 +351,27 @@ def test_infinite_dataset_with_steps_never_restarts():
     assert seen == [0, 1, 2, 0, 1, 2]
 
 
-def test_an_already_distributed_dataset_is_refused_with_the_fix():
+def test_an_already_distributed_dataset_is_read_as_it_is():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    distributed = strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
-    with pytest.raises(TypeError, match="Expected the tf.data.Dataset itself"):
+    dataset = tf.data.Dataset.range(6).map(lambda i: (tf.cast(i, tf.float32), i)).batch(2)
+    distributed = strategy.experimental_distribute_dataset(dataset)
+    adapted = inputs.adapt(distributed)
+    assert adapted.kind == "distributed" and inputs.input_kind(distributed) == "distributed"
+    data = adapted.dataset
+    assert isinstance(data, DistributedData) and data.distributed is distributed and data.strategy is strategy
+    assert data.cardinality() == 3 and data.skip(1).cardinality() == 2
+    assert [spec.shape.as_list() for spec in data.element_spec] == [[None], [None]]
+    assert [int(x[0]) for x, _ in data.skip(1)] == [2, 4]  # a resumed pass skips what was read
+    with pytest.raises(ValueError, match="`y` should not be passed"):  # Keras's check, in its words
+        inputs.adapt(distributed, y=np.zeros(6))
+    with pytest.raises(ValueError, match="`sample_weight` should not be passed"):
+        inputs.adapt(distributed, sample_weight=np.ones(6))
+    with pytest.raises(ValueError, match="class_weight .* cannot be mapped once distributed"):
+        inputs.adapt(distributed, class_weight={0: 1.0})
+
+
+def test_an_unbatched_distributed_dataset_says_batch_it():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    distributed = strategy.distribute_datasets_from_function(lambda _: tf.data.Dataset.range(4))
+    with pytest.raises(ValueError, match="single examples, not batches"):
         inputs.adapt(distributed)

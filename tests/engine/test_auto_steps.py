@@ -93,7 +93,8 @@ def test_auto_evaluates_and_predicts_as_one_step_per_call_does():
     np.testing.assert_allclose(
         trainer.predict(data(), verbose=0), reference.predict(data(), verbose=0), rtol=1e-6
     )
-    got, expected = trainer.evaluate(data(), verbose=0), reference.evaluate(data(), verbose=0)
+    got = trainer.evaluate(data(), verbose=0, return_dict=True)
+    expected = reference.evaluate(data(), verbose=0, return_dict=True)
     assert got.keys() == expected.keys()
     for key in got:
         assert got[key] == pytest.approx(expected[key], rel=1e-6)

@@ -79,8 +79,10 @@ def make_keras_model(source: str) -> tuple[str, list[str]]:
     changed = [match.group(1).split()[-1] for match in _MIXIN_MODEL.finditer(source)]
     # `keras.Model` is a `Layer` already: a plain-layer mixin becomes a plain subclass.
     source = _MIXIN_MODEL.sub(
-        lambda match: f"{match.group(1)}({'' if match.group(2) == 'layers.Layer' else match.group(2) + ', '}"
-        "_ConformanceKerasModel):",
+        lambda match: (
+            f"{match.group(1)}({'' if match.group(2) == 'layers.Layer' else match.group(2) + ', '}"
+            "_ConformanceKerasModel):"
+        ),
         source,
     )
     if changed:

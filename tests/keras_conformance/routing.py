@@ -58,7 +58,7 @@ def trainer_for(model: keras.Model) -> tftrain.Trainer:
 
 
 def _routed(name):
-    keras_method = getattr(TensorFlowTrainer, name)
+    keras_method = _KERAS_METHODS[name]
 
     @functools.wraps(keras_method)
     def method(self, *args, **kwargs):
@@ -83,15 +83,28 @@ def _forgetting_compile(keras_compile):
     return compile
 
 
+_KERAS_METHODS = {name: getattr(TensorFlowTrainer, name) for name in ROUTED_METHODS}
+_KERAS_COMPILE = KerasTrainer.compile
+
+
 def install() -> None:
     """Routes `fit`, `evaluate` and `predict` of every Keras model through a Trainer."""
     for name in ROUTED_METHODS:
         setattr(TensorFlowTrainer, name, _routed(name))
-    KerasTrainer.compile = _forgetting_compile(KerasTrainer.compile)
+    KerasTrainer.compile = _forgetting_compile(_KERAS_COMPILE)
 
 
-if MODE == "trainer":
-    install()
+def uninstall() -> None:
+    """Gives Keras its own `fit`, `evaluate`, `predict` and `compile` back."""
+    for name, method in _KERAS_METHODS.items():
+        setattr(TensorFlowTrainer, name, method)
+    KerasTrainer.compile = _KERAS_COMPILE
+    _trainers.clear()
+
+
+def pytest_configure(config):
+    if MODE == "trainer":
+        install()
 
 
 class _Results:

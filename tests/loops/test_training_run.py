@@ -146,6 +146,23 @@ def test_loop_without_the_guard_runs_every_step(options):
     assert float(results[1].logs["loss"]) == 6.0  # ran on past the NaN batch
 
 
+@loop_engines
+def test_loop_past_nonfinite_runs_every_step_and_flags_any_bad_one(options):
+    # A fit with Keras's TerminateOnNaN: the calls run as under model.fit, and the flag keeps checkpoints out.
+    guarded = step_loop.make_loop(loss_of_batch, options, stop_on_nonfinite=True)
+    guarded(iter(values_dataset()), 1)
+    loop = guarded.past_nonfinite()
+    iterator = iter(values_dataset())
+    results = [loop(iterator, 3) for _ in range(4)]
+    assert [result.steps for result in results] == [3, 3, 3, 0]
+    # The NaN is the first step of the second call, whose last loss (6.) is finite: still flagged.
+    assert [result.nonfinite for result in results] == [False, True, False, False]
+    assert float(results[1].logs["loss"]) == 6.0
+    assert loop.trace_counter is guarded.trace_counter
+    # The step is not traced again (eager: never traced).
+    assert guarded.trace_counter.count == (1 if options.use_tf_function else 0)
+
+
 class LazyModel(keras.Model):
     """Built on its first call only, by its own training step (no symbolic build)."""
 

@@ -53,6 +53,26 @@ def _method(obj: Any, name: str, why: str) -> Any:
     return method
 
 
+def _keras_at_least(major: int, minor: int) -> bool:
+    parts = keras.__version__.split(".")
+    return (int(parts[0]), int(parts[1])) >= (major, minor)
+
+
+# ------------------------------------------------------------------ what fit reports
+
+
+def batch_end_index(begin: int, steps_per_call: int) -> int:
+    """The batch index `fit`/`evaluate`/`predict` pass to `on_*_batch_end` for a host call.
+
+    A call starts at batch `begin` and runs up to `steps_per_call` steps
+    (Keras's `steps_per_execution`). Keras 3.11 and later report
+    `begin + steps_per_call - 1`, also for a call that ran fewer steps because
+    the data ended; earlier versions report `begin`. User callbacks count
+    batches by these indices, so the Trainer reports what the installed Keras does.
+    """
+    return begin + steps_per_call - 1 if _keras_at_least(3, 11) else begin
+
+
 # ------------------------------------------------------------------ models
 
 
@@ -170,6 +190,46 @@ def train_validation_split(arrays: Any, validation_split: float) -> Any:
 def pythonify_logs(logs: Any) -> dict[str, Any]:
     """Keras's conversion of logs for callbacks: nested dicts flattened, values to floats where possible."""
     return _attribute("keras.src.utils.python_utils", "pythonify_logs", "logs as fit returns them")(logs)
+
+
+def distributed_dataset_strategy(dataset: Any) -> tf.distribute.Strategy:
+    """The strategy that made a `tf.distribute.DistributedDataset` (TensorFlow has no public name for it).
+
+    A distributed dataset's batches hold one value per replica of that
+    strategy, so the Trainer checks it is the strategy its steps run under.
+    """
+    strategy = getattr(dataset, "_strategy", None)
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise _missing(f"`{type(dataset).__name__}._strategy`", "the strategy of a distributed dataset")
+    return strategy
+
+
+def made_from_function(dataset: Any) -> bool:
+    """Whether a distributed dataset came from `distribute_datasets_from_function` (no public class tells).
+
+    Its `cardinality` counts the batches of one input pipeline, each of which
+    feeds one replica: with several replicas per pipeline a step reads
+    several of them, so the count is not the steps.
+    """
+    cls = _attribute(
+        "tensorflow.python.distribute.input_lib", "DistributedDatasetsFromFunction", "distributed datasets"
+    )
+    return isinstance(dataset, cls)
+
+
+def per_replica_spec(spec: Any) -> Any:
+    """One replica's `TypeSpec` of a distributed dataset's element part (itself if not per replica).
+
+    A `DistributedDataset` of several replicas has `PerReplicaSpec` parts,
+    one spec per replica (all alike); the model's checks read one replica's.
+    """
+    per_replica = _attribute("tensorflow.python.distribute.values", "PerReplicaSpec", "distributed datasets")
+    if not isinstance(spec, per_replica):
+        return spec
+    specs = getattr(spec, "_value_specs", None)
+    if not specs:
+        raise _missing("`PerReplicaSpec._value_specs`", "the batch spec of a distributed dataset")
+    return specs[0]
 
 
 def py_dataset_class() -> type:

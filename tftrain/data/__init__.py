@@ -6,6 +6,8 @@ and `synthetic`. Its modules:
 
 - `inputs`: what `fit`/`evaluate`/`predict` accept, through Keras's own
   adapters.
+- `distributed_data`: a `tf.distribute.DistributedDataset` input, read as
+  distributed.
 - `epoch_plan`: `EpochPlan`, the pass-by-pass plan over them (shaped like
   Keras's `EpochIterator`).
 - `fit_checks`: checks of the data against the model and the call.

@@ -30,9 +30,11 @@ class EpochPlan:
         data: The adapted input (or a batched `tf.data.Dataset`).
         make_iterator: Dataset -> iterator (plain, or distributed).
 
+    `steps_per_epoch` past the end of a finite dataset is taken, as Keras
+    takes it: the epoch ends where the data does, with a warning.
+
     Raises:
-        ValueError: an empty or infinite dataset without `steps_per_epoch`,
-            or `steps_per_epoch` past the end of a finite dataset.
+        ValueError: an empty dataset, or an infinite one without `steps_per_epoch`.
     """
 
     def __init__(
@@ -57,20 +59,17 @@ class EpochPlan:
                 f"PyDataset), so an epoch never ends. Received: {steps_argument}=None. Expected "
                 f"{steps_argument}=<number of steps>, or finite data."
             )
-        if cardinality > 0 and steps_per_epoch is not None and steps_per_epoch > cardinality:
-            raise ValueError(
-                f"Invalid value for argument `{steps_argument}`. Received: "
-                f"{steps_argument}={steps_per_epoch}, but `{argument}` has only {cardinality} "
-                f"batches. Expected {steps_argument} <= {cardinality}, or "
-                "`dataset.repeat()` to read it more than once."
-            )
         self.data = data
         self.dataset = dataset
         self.steps_per_epoch = steps_per_epoch
         self.argument = argument
         self.single_pass = data.kind == "generator"
         self._make_iterator = make_iterator
+        # Batches per pass where the data says so up front. A length learned by reading
+        # a whole pass does not end later calls: as with Keras's epoch iterator, the
+        # loop keeps asking for the next batch and finds the end itself.
         self._batches_per_pass = cardinality if cardinality > 0 else None
+        self._known_up_front = self._batches_per_pass is not None
         # Whether a pass may end where no count says so (a generator, a filtered
         # dataset): the loop then checks for a next batch before a batch hook.
         self.may_end_unannounced = cardinality == tf.data.UNKNOWN_CARDINALITY
@@ -83,11 +82,11 @@ class EpochPlan:
         """Steps in the coming epoch, or None while unknown."""
         if self.steps_per_epoch is not None:
             return self.steps_per_epoch
-        return self._batches_per_pass
+        return self._batches_per_pass if self._known_up_front else None
 
     def batches_left(self, steps_this_epoch: int) -> int | None:
         """Batches left in the current pass (None while its length is unknown)."""
-        if self._batches_per_pass is None or self._iterator is None:
+        if not self._known_up_front or self._iterator is None:
             return None
         return self._batches_per_pass - self._seen_in_pass - steps_this_epoch
 

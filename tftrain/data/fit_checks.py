@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import keras
@@ -24,18 +25,22 @@ def should_validate(epoch: int, validation_freq: int | list[int]) -> bool:
     return epoch + 1 in validation_freq
 
 
-def check_single_pass(plan: EpochPlan, passes: int, argument: str, steps_argument: str, fix: str) -> None:
-    """A Python generator is read once: more than one whole pass over it cannot be made.
+def warn_single_pass(plan: EpochPlan, passes: int, argument: str, steps_argument: str, fix: str) -> None:
+    """Warns when a call would read a Python generator more than once: later passes are not the data.
 
-    `model.fit` would read a generator's first two batches again (what it
-    kept to learn their shapes) and call that a pass; the Trainer refuses.
+    A generator yields its batches once. `model.fit` (and so the Trainer, which
+    behaves as `fit` does) reads it again for the next pass, and that pass gets
+    only the batches Keras kept to learn the data's shapes. The run goes on as
+    under `fit`; the warning says how to get whole passes.
     """
     if plan.single_pass and plan.steps_per_epoch is None and passes > 1:
-        raise ValueError(
-            f"Invalid value for argument `{argument}`: a Python generator can be read only once, but this "
-            f"call would read it {passes} times over ({fix}), and `{steps_argument}` is None. Expected "
-            f"`{steps_argument}=<steps>` with a generator that yields enough batches for every pass, or "
-            "a keras.utils.PyDataset or tf.data.Dataset, which can be read again."
+        warnings.warn(
+            f"`{argument}` is a Python generator, which yields its batches once, but this call reads it "
+            f"{passes} times over ({fix}) with `{steps_argument}=None`: as under model.fit, every pass "
+            "after the first reads only the batches kept to learn the data's shapes. For whole passes, "
+            "use a keras.utils.PyDataset or tf.data.Dataset, or a generator that never ends with "
+            f"`{steps_argument}=<steps>`.",
+            stacklevel=4,
         )
 
 

@@ -3,7 +3,8 @@
 `adapt` runs Keras's own input adapters (the code `model.fit` runs), so the
 Trainer accepts exactly what `model.fit` accepts: NumPy arrays and tensors
 (nested in dicts, lists and tuples), ragged and sparse tensors,
-`tf.data.Dataset`, `keras.utils.PyDataset` (with its workers and
+`tf.data.Dataset`, a `tf.distribute.DistributedDataset` (read as distributed:
+`tftrain.data.distributed_data`), `keras.utils.PyDataset` (with its workers and
 multiprocessing) and Python generators, with `batch_size`, `shuffle`,
 `sample_weight` and `class_weight` applied as Keras applies them.
 `tftrain.data.epoch_plan.EpochPlan` decides which iterator each epoch reads and
@@ -21,14 +22,16 @@ import keras
 import tensorflow as tf
 
 from tftrain.compat import keras_internals
+from tftrain.data.distributed_data import DistributedData
 from tftrain.options import check_int
 
-INPUT_KINDS = ("dataset", "arrays", "py_dataset", "generator")
+INPUT_KINDS = ("dataset", "distributed", "arrays", "py_dataset", "generator")
 """The kinds of input `adapt` tells apart (`AdaptedInput.kind`)."""
 
 _EXPECTED_INPUTS = (
-    "Expected NumPy arrays or tensors (alone, or in a list, tuple or dict), a tf.data.Dataset, "
-    "a keras.utils.PyDataset or a Python generator, as keras.Model.fit takes."
+    "Expected NumPy arrays or tensors (alone, or in a list, tuple or dict), a tf.data.Dataset "
+    "(or a tf.distribute.DistributedDataset), a keras.utils.PyDataset or a Python generator, as "
+    "keras.Model.fit takes."
 )
 
 
@@ -54,8 +57,10 @@ def keras_epoch_limit(epochs: int) -> int:
 
 def input_kind(x: Any) -> str:
     """Which of `INPUT_KINDS` `x` is (anything that is not a dataset, PyDataset or generator is "arrays")."""
-    if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+    if isinstance(x, tf.data.Dataset):
         return "dataset"
+    if isinstance(x, tf.distribute.DistributedDataset):
+        return "distributed"
     if isinstance(x, keras_internals.py_dataset_class()):
         return "py_dataset"
     if isinstance(x, types.GeneratorType):
@@ -68,7 +73,8 @@ class AdaptedInput:
     """An input of `fit`/`evaluate`/`predict`, adapted as Keras adapts it.
 
     Attributes:
-        dataset: The batches, as a `tf.data.Dataset`.
+        dataset: The batches, as a `tf.data.Dataset` (for a distributed
+            dataset, a `DistributedData`: its per-replica spec and iterators).
         adapter: Keras's data adapter (its `on_epoch_begin`/`on_epoch_end`
             run a PyDataset's workers and hooks).
         kind: One of `INPUT_KINDS`.
@@ -78,7 +84,7 @@ class AdaptedInput:
         steps_argument: The argument that set `steps`, for error messages.
     """
 
-    dataset: tf.data.Dataset
+    dataset: tf.data.Dataset | DistributedData
     adapter: Any
     kind: str
     steps: int | None
@@ -86,7 +92,7 @@ class AdaptedInput:
     steps_argument: str = "steps_per_epoch"
 
 
-def _check_batched(dataset: tf.data.Dataset, argument: str) -> None:
+def _check_batched(dataset: tf.data.Dataset | DistributedData, argument: str) -> None:
     """A batched dataset has a leading batch axis on every tensor; a scalar means it is not batched."""
     for spec in tf.nest.flatten(dataset.element_spec):
         shape = getattr(spec, "shape", None)
@@ -166,12 +172,11 @@ def adapt(
             stacklevel=3,
         )
         batch_size = None
-    if isinstance(x, tf.distribute.DistributedDataset):
-        raise TypeError(
-            f"Invalid value for argument `{argument}`. Received: a {type(x).__name__} (a dataset distributed "
-            "already). Expected the tf.data.Dataset itself: the Trainer distributes it over its strategy's "
-            "replicas (`Trainer(..., strategy=...)`)."
-        )
+    if kind == "distributed":
+        data = _adapt_distributed(x, y, sample_weight, class_weight, steps, argument, steps_argument)
+        if from_limit and 0 < data.dataset.cardinality() < steps:
+            data = dataclasses.replace(data, steps=data.dataset.cardinality())
+        return data
     if kind == "dataset":
         _check_batched(x, argument)
     try:
@@ -212,6 +217,48 @@ def adapt(
         dataset=dataset,
         adapter=adapter,
         kind=kind,
+        steps=steps,
+        argument=argument,
+        steps_argument=steps_argument,
+    )
+
+
+def _adapt_distributed(
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    class_weight: dict[int, float] | None,
+    steps: int | None,
+    argument: str,
+    steps_argument: str,
+) -> AdaptedInput:
+    """A `tf.distribute.DistributedDataset`, read as it is (as Keras's dataset adapter passes it on).
+
+    Not through `get_data_adapter`: Keras 3.7 does not recognise a
+    `distribute_datasets_from_function` dataset there, and its adapter would
+    only pass the dataset on. Its checks of `y` and `sample_weight` are made
+    here, in its words.
+    """
+    given = {"y": (y, "the targets"), "sample_weight": (sample_weight, "the sample weights")}
+    for name, (value, description) in given.items():
+        if value is not None:
+            raise ValueError(
+                f"When providing `{argument}` as a tf.distribute.DistributedDataset, `{name}` should not be "
+                f"passed. Instead, {description} should be included as part of the dataset."
+            )
+    if class_weight is not None:
+        raise ValueError(
+            f"Invalid combination of arguments. Received: class_weight with `{argument}` a "
+            f"{type(x).__name__}, whose batches cannot be mapped once distributed. Expected the "
+            "class weights applied before distributing (a `sample_weight` part of each batch, "
+            "`(x, y, sample_weight)`), or the tf.data.Dataset itself with class_weight."
+        )
+    data = DistributedData(x)
+    _check_batched(data, argument)
+    return AdaptedInput(
+        dataset=data,
+        adapter=None,
+        kind="distributed",
         steps=steps,
         argument=argument,
         steps_argument=steps_argument,

@@ -21,7 +21,9 @@ static (steps x batch size), the non-finite test of the last step's logs, and
 packing steps, examples and that test into one tensor, so that the host reads
 a call's result with one transfer. Per step, with `stop_on_nonfinite`, only
 the loss's `is_finite` test remains: the loop stops right after the first
-non-finite step.
+non-finite step. With `flag_nonfinite` instead (a `fit` whose callbacks
+decide, Keras's `TerminateOnNaN`), every step runs and the test of each is
+kept: the call flags whether any of its steps had a non-finite loss.
 
 The loop also takes `halted`: the non-finite flag of a previous call whose
 result the host has not read yet. A call dispatched after a non-finite one
@@ -94,7 +96,12 @@ def plain_logs_spec(output_spec: Any) -> list[tf.TensorSpec] | None:
 
 
 def make_graph_loop(
-    step: StepFn, strategy: tf.distribute.Strategy, stop_on_nonfinite: bool, on_trace: Callable[[], None]
+    step: StepFn,
+    strategy: tf.distribute.Strategy,
+    stop_on_nonfinite: bool,
+    on_trace: Callable[[], None],
+    *,
+    flag_nonfinite: bool = False,
 ):
     """A `tf.function` `(iterator, num_steps, halted, peeked=None, counted=False) -> (counts, nonfinite, logs)`.
 
@@ -103,12 +110,17 @@ def make_graph_loop(
         strategy: The strategy the batches are distributed by (for the example count).
         stop_on_nonfinite: Stop right after a step whose loss is not finite.
         on_trace: Called each time the loop traces (not the step: its own counter counts it).
+        flag_nonfinite: (without `stop_on_nonfinite`) Run every step, and
+            flag in `counts[2]` whether any step's loss was not finite; the
+            returned `nonfinite` stays False, so the next call runs.
 
     The returned `counts` is an int64 vector `[steps, examples, nonfinite]`;
     `nonfinite` (a bool) is the last step's test, to pass on as the next
     call's `halted`; `logs` are the last step's logs, as a structure when
     they are carried plainly or as an `Optional` otherwise.
     """
+    if stop_on_nonfinite and flag_nonfinite:
+        raise ValueError("tftrain internal error: a loop either stops at a non-finite loss or flags it.")
 
     def loop(iterator, num_steps, halted, peeked=None, counted=False):
         on_trace()
@@ -134,28 +146,33 @@ def make_graph_loop(
         def count(examples, batch):
             return examples if batch_size is not None else examples + examples_in(batch, strategy)
 
+        def flagged(rest, logs):
+            """With `flag_nonfinite`, the loop variable `seen` (first of `rest`), updated with this step's test."""
+            if not flag_nonfinite:
+                return []
+            return [tf.logical_or(rest[0], tf.logical_not(finite_in_graph(logs)))]
+
         if counted:
 
-            def cond(i, examples, *carried):
+            def cond(i, examples, *rest):
                 del examples
                 going = i < steps_to_run
                 if stop_on_nonfinite:
-                    return tf.logical_and(going, finite_in_graph(carried_logs(carried)))
+                    return tf.logical_and(going, finite_in_graph(carried_logs(rest)))
                 return going
 
-            def body(i, examples, *carried):
-                del carried
+            def body(i, examples, *rest):
                 batch = iterator.get_next()
-                return (i + 1, count(examples, batch), *carry(step(batch)))
+                logs = step(batch)
+                return (i + 1, count(examples, batch), *flagged(rest, logs), *carry(logs))
 
         else:
 
-            def cond(i, examples, next_batch, *carried):
-                del i, examples, carried
+            def cond(i, examples, next_batch, *rest):
+                del i, examples, rest
                 return next_batch.has_value()
 
-            def body(i, examples, next_batch, *carried):
-                del carried
+            def body(i, examples, next_batch, *rest):
                 batch = next_batch.get_value()
                 logs = step(batch)
                 going = i + 1 < steps_to_run
@@ -163,12 +180,14 @@ def make_graph_loop(
                     going = tf.logical_and(going, finite_in_graph(logs))
                 # Fetch a batch only if it will be used: a fetched batch that is not trained on is lost.
                 following = tf.cond(going, iterator.get_next_as_optional, lambda: _empty(iterator))
-                return (i + 1, count(examples, batch), following, *carry(logs))
+                return (i + 1, count(examples, batch), following, *flagged(rest, logs), *carry(logs))
 
         if plain is not None:
             initial_logs = [tf.zeros(spec.shape, spec.dtype) for spec in plain]
         else:
             initial_logs = [tf.experimental.Optional.empty(output_spec)]
+        if flag_nonfinite:
+            initial_logs = [tf.constant(False), *initial_logs]  # `seen`, before the logs
         if counted:
             loop_vars = [tf.constant(0), tf.constant(0, tf.int64), *initial_logs]
         else:
@@ -181,6 +200,11 @@ def make_graph_loop(
         steps, examples, carried = outputs[0], outputs[1], outputs[2 if counted else 3 :]
         if batch_size is not None:
             examples = tf.cast(steps, tf.int64) * batch_size
+        if flag_nonfinite:
+            seen, carried = carried[0], carried[1:]
+            logs = carried_logs(carried) if plain is not None else carried[0]
+            counts = tf.stack([tf.cast(steps, tf.int64), examples, tf.cast(seen, tf.int64)])
+            return counts, tf.constant(False), logs
         if plain is not None:
             logs = carried_logs(carried)
             nonfinite = tf.logical_not(finite_in_graph(logs)) if stop_on_nonfinite else tf.constant(False)

@@ -68,6 +68,10 @@ class StepLoop:
     is read in the graph (with `jit_compile`, in Python, and the whole call
     is compiled).
 
+    With `flag_nonfinite` (see `past_nonfinite`), no call stops at a
+    non-finite loss: each runs its steps, and its `LoopResult.nonfinite`
+    says whether any of them had a non-finite loss.
+
     Attributes:
         step: The compiled single step (`batch -> logs`).
         trace_counter: Counts traces of the step.
@@ -84,26 +88,30 @@ class StepLoop:
         collect: bool = False,
         compiled: bool = False,
         jit_compile: bool = False,
+        flag_nonfinite: bool = False,
     ):
         self.step = step
         self.trace_counter = trace_counter
         self.strategy = strategy
         self.stop_on_nonfinite = stop_on_nonfinite
+        self.flag_nonfinite = flag_nonfinite and not stop_on_nonfinite
         self.collect = collect
         self.in_graph = in_graph
+        self._compiled = compiled
         self._loop_traces = 0
         self._graph_loop = None
         if in_graph and collect:
             self._graph_loop = graph_loops.make_collecting_graph_loop(step, strategy)
         elif in_graph:
             self._graph_loop = graph_loops.make_graph_loop(
-                step, strategy, stop_on_nonfinite, self._count_trace
+                step, strategy, stop_on_nonfinite, self._count_trace, flag_nonfinite=self.flag_nonfinite
             )
         self._single_step = None
         self._single_step_on_batch = jit_compile  # the XLA single step takes the batch, not the iterator
         if compiled and not in_graph and not collect:
+            # One step per call: its loss test is the flag either way (nothing to stop).
             self._single_step = graph_loops.make_single_step(
-                step, stop_on_nonfinite, self._count_trace, jit_compile=jit_compile
+                step, stop_on_nonfinite or self.flag_nonfinite, self._count_trace, jit_compile=jit_compile
             )
         # Per iterator, held weakly (a finished pass's iterator and its buffers are
         # freed): the concrete functions by call kind (`_concrete`), and whether
@@ -116,6 +124,26 @@ class StepLoop:
 
     def _count_trace(self) -> None:
         self._loop_traces += 1
+
+    def past_nonfinite(self) -> StepLoop:
+        """A training engine on the same compiled step whose calls run past a non-finite loss, flagging it.
+
+        Each call runs all its steps (as `model.fit` does); its
+        `LoopResult.nonfinite` says whether any of them had a NaN or infinite
+        loss, and the next call runs. For a `fit` whose callbacks decide what
+        a NaN does (Keras's `TerminateOnNaN`). The step is not traced again;
+        the loop around it traces on its first call.
+        """
+        return StepLoop(
+            self.step,
+            self.trace_counter,
+            self.in_graph,
+            self.strategy,
+            collect=self.collect,
+            compiled=self._compiled,
+            jit_compile=self._single_step_on_batch,
+            flag_nonfinite=True,
+        )
 
     @property
     def traces(self) -> int:
@@ -261,7 +289,14 @@ class StepLoop:
         return PendingCall(read, 1, logs)
 
     def _host_call(self, iterator: Iterator[Any], num_steps: int, first: Any) -> PendingCall:
-        result = _host_loop(
+        if self.flag_nonfinite:
+            result, seen = _host_loop(
+                self.step, iterator, num_steps, self.strategy, False, False, first, flag=True
+            )
+            return PendingCall(
+                lambda: _waited(result)._replace(nonfinite=bool(seen)), result.steps, result.logs
+            )
+        result, _ = _host_loop(
             self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite, self.collect, first
         )
         if self.collect or not self.stop_on_nonfinite or not result.steps or result.nonfinite:
@@ -292,8 +327,16 @@ def _host_loop(
     stop_on_nonfinite: bool,
     collect: bool,
     first: Any,
-) -> LoopResult:
+    *,
+    flag: bool = False,
+) -> tuple[LoopResult, Any]:
+    """Runs the steps from the host; returns the result and (with `flag`) whether any step's loss was not finite.
+
+    The flag is a tensor, read with the result: testing each step's loss
+    does not wait for the device.
+    """
     steps, examples, logs, collected = 0, 0, None, []
+    seen = tf.constant(False) if flag else None
     for index in range(num_steps):
         if first is not None:
             batch, first = first.get_value(), None
@@ -308,10 +351,12 @@ def _host_loop(
             collected.append(logs)
         size = _host_batch_size(batch, strategy)
         examples = None if examples is None or size is None else examples + size
+        if flag:
+            seen = tf.logical_or(seen, tf.logical_not(graph_loops.finite_in_graph(logs)))
         # The last step's loss is tested with the call's result (`StepLoop._host_call`).
         if stop_on_nonfinite and index + 1 < num_steps and _nonfinite_on_host(logs):
-            return LoopResult(steps, examples, logs, True)
-    return LoopResult(steps, examples, collected if collect else logs)
+            return LoopResult(steps, examples, logs, True), seen
+    return LoopResult(steps, examples, collected if collect else logs), seen
 
 
 def _keras_batch(step_fn: StepFn) -> StepFn:

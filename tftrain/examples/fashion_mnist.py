@@ -265,7 +265,7 @@ def run(
         history = trainer.fit(train_data, epochs=epochs, callbacks=callbacks, verbose=0)
         train_seconds = time.perf_counter() - start
         report = trainer.timing
-        test_logs = trainer.evaluate(test_data, verbose=0)
+        test_logs = trainer.evaluate(test_data, verbose=0, return_dict=True)
     median = report.step_time_median_s
     return {
         "model": model_name,

@@ -59,11 +59,21 @@ class Engines:
         self.global_step = global_step
         self.stop_on_nonfinite = stop_on_nonfinite
         self.loops: dict[str, step_loop.StepLoop] = {}
+        self._past_nonfinite: step_loop.StepLoop | None = None  # built for a fit with `TerminateOnNaN`
         self.auto_steps: dict[str, StepsPerCall] = {}
         self._in_step_summaries: InStepSummaries | None = None
 
-    def loop(self, kind: str) -> step_loop.StepLoop:
-        """The engine of `kind`, built on first use."""
+    def loop(self, kind: str, *, stop_on_nonfinite: bool = True) -> step_loop.StepLoop:
+        """The engine of `kind`, built on first use.
+
+        `stop_on_nonfinite=False` asks for a training engine whose calls run
+        all their steps past a non-finite loss, flagging it
+        (`StepLoop.past_nonfinite`): a `fit` whose callbacks hold Keras's
+        `TerminateOnNaN` uses it. It is built on first use around the same
+        traced step (a Trainer that never needs it never traces it); where
+        training calls never stop (`terminate_on_nan=False`), it is the
+        training engine itself.
+        """
         if kind not in self.loops:
             self.loops[kind] = step_loop.make_loop(
                 self.step_of(kind),
@@ -74,7 +84,11 @@ class Engines:
                 collect=kind == "predict",
                 step_counter=self.global_step if kind == "train" else None,
             )
-        return self.loops[kind]
+        if stop_on_nonfinite or kind != "train" or not self.stop_on_nonfinite:
+            return self.loops[kind]
+        if self._past_nonfinite is None:
+            self._past_nonfinite = self.loops[kind].past_nonfinite()
+        return self._past_nonfinite
 
     def plan(self, data: inputs.AdaptedInput) -> EpochPlan:
         """The pass-by-pass plan over adapted inputs: plain iterators, or distributed under a strategy."""

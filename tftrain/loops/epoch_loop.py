@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tftrain import timing
+from tftrain.compat import keras_internals
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine.auto_steps import StepsPerCall
 from tftrain.engine.step_loop import StepLoop
@@ -41,8 +42,10 @@ def run_pass(
     edges. `should_stop()` is asked after each call (e.g. `model.stop_training`).
     `steps_per_loop` is a fixed k or a `StepsPerCall` (`"auto"`), which is
     told how long each call took, hooks and services included.
-    Every `on_batch_begin` is matched by an `on_batch_end`: where no count
-    says where the data ends, the next batch is fetched before the hook.
+    As under `fit`, a fixed k runs k steps per call (past the epoch's
+    `steps_per_epoch` too), batch hooks get the indices Keras gives them
+    (`keras_internals.batch_end_index`), and where no count says where the
+    data ends, the call that finds no batch has a begin hook and no end hook.
 
     A training call whose results nothing needs at once (no batch hook, no
     service acting at its last step, not the pass's last call, `"auto"` done
@@ -61,34 +64,49 @@ def run_pass(
         run.epoch_steps = target
     try:
         iterator = plan.begin_epoch()
+        if run is not None and target is not None and not steps_per_call.auto:
+            # A fixed k's calls run past the target (as Keras's), up to where the data ends.
+            k = steps_per_call.chosen
+            run.epoch_steps = -(-target // k) * k
+            left = plan.batches_left(step)
+            if left is not None:
+                run.epoch_steps = min(run.epoch_steps, step + left)
         while target is None or step < target:
             if run is not None and run.finished:
                 break
             call_start = time.perf_counter()
-            wanted = steps_per_call.next()
+            requested = wanted = steps_per_call.next()
             if target is not None:
-                wanted = min(wanted, target - step)
+                # "auto" ends its calls at the epoch's end; a fixed k runs k steps per call,
+                # past `steps_per_epoch` up to the next multiple of k, as Keras's
+                # `steps_per_execution` does (also where a service edge shortened a call).
+                epoch_end = target if steps_per_call.auto else -(-target // requested) * requested
+                wanted = min(wanted, epoch_end - step)
             left = plan.batches_left(step)
             if left is not None:
                 if left <= 0:  # the pass ended before the epoch: no hook for a call with no step
                     data_ended = True
                     break
                 wanted = min(wanted, left)
+            shortened_by_run = False
             if run is not None:
-                wanted = run.steps_allowed(wanted)
+                allowed = run.steps_allowed(wanted)
+                shortened_by_run = allowed < wanted
+                wanted = allowed
                 run.before_call()
             if timer is not None:
                 timer.begin_call()
-            first = None
-            if plan.may_end_unannounced:
-                first = step_loop.peek(iterator)  # part of the call's time: it fetched the first batch
-                if not first.has_value():
-                    data_ended = True
-                    break
             hook_start = time.perf_counter()
             on_batch_begin(step)
             if timer is not None:
                 timer.exclude(time.perf_counter() - hook_start)
+            first = None
+            if plan.may_end_unannounced:
+                # As under `fit`, the begin hook of a call that finds no batch has no end hook.
+                first = step_loop.peek(iterator)  # part of the call's time: it fetched the first batch
+                if not first.has_value():
+                    data_ended = True
+                    break
             traces_before = step_loop.traces
             call = step_loop.dispatch(
                 iterator, wanted, first, available=not plan.may_end_unannounced, after=unread
@@ -115,12 +133,20 @@ def run_pass(
                 if run is not None:
                     run.after_call(result)
             if result.steps:
+                begin = step
                 step += result.steps
                 logs = result.logs
-                on_batch_end(step - 1, logs)
+                if steps_per_call.auto or shortened_by_run:
+                    on_batch_end(step - 1, logs)
+                else:  # the index Keras reports for a call of `requested` steps
+                    on_batch_end(keras_internals.batch_end_index(begin, requested), logs)
             steps_per_call.record(result.steps, time.perf_counter() - call_start, traced)
             if result.steps < wanted:
                 data_ended = True
+                if plan.may_end_unannounced and not (steps_per_call.auto or shortened_by_run):
+                    # Keras's epoch iterator counts k steps per call and starts one more
+                    # call, which finds no batch: its begin hook, with no end hook.
+                    on_batch_begin(begin + requested)
                 break
             if should_stop():
                 break

@@ -21,6 +21,7 @@ import tensorflow as tf
 from tftrain import timing
 from tftrain.compat import keras_internals
 from tftrain.data import fit_checks
+from tftrain.engine.step_loop import StepLoop
 from tftrain.loops import epoch_loop, hooks, inference, run_setup
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.preparation import FitCall
@@ -34,7 +35,9 @@ __all__ = ["run_fit"]
 def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, timing.TimingReport]:
     """Runs one `fit` call to its target; returns the History and the call's timing report."""
     model, engines = owner.model, owner.engines
-    train_loop = engines.loop("train")
+    # A `TerminateOnNaN` among the callbacks decides what a NaN does: no call stops at one (the guard steps aside).
+    callbacks_decide_nan = owner.run_options.terminate_on_nan and hooks.terminates_on_nan(call.callbacks)
+    train_loop = engines.loop("train", stop_on_nonfinite=not callbacks_decide_nan)
     timer = timing.StepTimer()
     measured = timer if owner.measure_timing else None
     step_history: dict[str, list[Any]] = {}
@@ -58,6 +61,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         in_step_summaries=lambda: engines.in_step_summaries(
             owner.run_options.model_dir, owner.run_options.summary_every_steps
         ),
+        callbacks_decide_nan=callbacks_decide_nan,
     )
     try:
         epochs = _target_epochs(call, run)
@@ -77,7 +81,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         if not run.resumed:  # where to start, as fit reads it after on_train_begin (BackupAndRestore)
             run.progress.epoch = keras_internals.initial_epoch(model) or call.initial_epoch
         for epoch in range(run.progress.epoch, epochs):
-            training_logs = _train_epoch(owner, call, run, callback_list, epoch, measured)
+            training_logs = _train_epoch(owner, call, run, callback_list, epoch, measured, train_loop)
             if model.stop_training or run.finished:
                 break
         optimizer = getattr(model, "optimizer", None)
@@ -104,14 +108,15 @@ def _train_epoch(
     callback_list: keras.callbacks.CallbackList,
     epoch: int,
     timer: timing.StepTimer | None,
+    train_loop: StepLoop,
 ) -> dict[str, Any]:
-    """Trains one epoch (its hooks, the epoch loop, validation); returns the epoch's logs."""
+    """Trains one epoch (its hooks, the epoch loop, validation) with `train_loop`; returns the epoch's logs."""
     if run.progress.step_in_epoch == 0:  # else: resumed mid-epoch, metrics restored
         owner.reset_metrics()
     callback_list.on_epoch_begin(epoch)
     logs = epoch_loop.run_pass(
         call.plan,
-        owner.engines.loop("train"),
+        train_loop,
         *hooks.batch_hooks(callback_list, "train"),
         steps_per_loop=owner.engines.steps_per_call("train", callback_list),
         timer=timer,

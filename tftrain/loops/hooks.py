@@ -37,6 +37,16 @@ def relies_on_batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str
     )
 
 
+def terminates_on_nan(callbacks: Any) -> bool:
+    """Whether `fit`'s `callbacks` (a list, a `CallbackList` or None) hold Keras's `TerminateOnNaN` (or a subclass).
+
+    Such a `fit` leaves the NaN policy to that callback: the Trainer's NaN
+    guard steps aside (`tftrain.services.nan_guard`).
+    """
+    callbacks = getattr(callbacks, "callbacks", callbacks) or ()
+    return any(isinstance(callback, keras.callbacks.TerminateOnNaN) for callback in callbacks)
+
+
 def _implements_batch_hooks(callback: keras.callbacks.Callback, kind: str) -> bool:
     """Whether a callback overrides any of `kind`'s batch hooks.
 

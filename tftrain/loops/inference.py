@@ -41,10 +41,16 @@ def evaluate(
     steps: int | None,
     callbacks: Any,
     return_dict: bool,
+    kwargs: dict[str, Any],
 ) -> dict[str, float] | list[float] | float:
-    """`Trainer.evaluate` (its arguments in its order): checks, adapts the inputs, runs one evaluation pass."""
+    """`Trainer.evaluate` (its arguments in its order): checks, adapts the inputs, runs one evaluation pass.
+
+    Returns what `keras.Model.evaluate` returns: the logs with `return_dict`,
+    else their values in Keras's metrics order (a scalar for one value).
+    """
     check_verbose(verbose)
     preparation.check_step(owner, "eval")
+    _check_evaluate_kwargs(kwargs)
     data = inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
     plan = preparation.plan_for(owner, "eval", data, "x")
     preparation.build(owner, plan.dataset)
@@ -52,12 +58,30 @@ def evaluate(
     return logs if return_dict else keras_internals.flatten_metrics_in_order(owner.model, logs)
 
 
+def _check_evaluate_kwargs(kwargs: dict[str, Any]) -> None:
+    """`evaluate`'s `**kwargs`, as Keras takes them: its private `_use_cached_eval_dataset` only.
+
+    Keras's `fit` passes `_use_cached_eval_dataset=True` to reuse its
+    validation iterator; the Trainer validates with its own evaluation loop,
+    so only False (evaluate `x`) has a meaning here.
+    """
+    kwargs = dict(kwargs)
+    if kwargs.pop("_use_cached_eval_dataset", False):
+        raise ValueError(
+            "Invalid value for argument `_use_cached_eval_dataset`. Received: _use_cached_eval_dataset=True. "
+            "Expected False: the Trainer keeps no evaluation dataset of `fit`'s (pass the data as `x`)."
+        )
+    if kwargs:
+        raise ValueError(f"Arguments not recognized: {kwargs}")
+
+
 def predict(
     owner: StepOwner, x: Any, batch_size: int | None, verbose: int | str, steps: int | None, callbacks: Any
 ) -> Any:
     """`Trainer.predict` (its arguments in its order): adapts the inputs, runs one prediction pass."""
     check_verbose(verbose)
-    plan = owner.engines.plan(inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps"))
+    data = inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps")
+    plan = preparation.plan_of(owner, data)
     return run_prediction(owner, plan, callback_list(callbacks, verbose, plan, owner.model))
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain.data import fit_checks, inputs
+from tftrain.data import distributed_data, fit_checks, inputs
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import model_setup
 from tftrain.loops.owner import StepOwner
@@ -27,7 +27,7 @@ from tftrain.options import (
     check_verbose,
 )
 
-__all__ = ["FitCall", "build", "check_step", "fit_call", "plan_for"]
+__all__ = ["FitCall", "build", "check_step", "fit_call", "plan_for", "plan_of"]
 
 _MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
 
@@ -65,9 +65,21 @@ def check_step(owner: StepOwner, kind: str) -> None:
         model_setup.check_compiled_for(owner.model, _MODEL_STEPS[kind], f"{kind}_step")
 
 
+def plan_of(owner: StepOwner, data: inputs.AdaptedInput) -> EpochPlan:
+    """The pass-by-pass plan over adapted inputs (a distributed dataset's own iterators, checked against the strategy).
+
+    A `tf.distribute.DistributedDataset` is read as it is, as Keras's
+    `TFEpochIterator` reads it; other inputs are distributed by the engines.
+    """
+    if isinstance(data.dataset, distributed_data.DistributedData):
+        distributed_data.check_strategy(data.dataset, owner.engines.strategy, data.argument)
+        return EpochPlan(data, make_iterator=distributed_data.iterate)
+    return owner.engines.plan(data)
+
+
 def plan_for(owner: StepOwner, kind: str, data: inputs.AdaptedInput, argument: str) -> EpochPlan:
     """The plan over adapted inputs, checked: batched, targets where the loss needs them, an even global batch."""
-    plan = owner.engines.plan(data)
+    plan = plan_of(owner, data)
     default = owner.uses_model_step(kind) and model_setup.uses_default_step(owner.model, _MODEL_STEPS[kind])
     model_setup.check_data(owner.model, plan.dataset, argument, owner.engines.strategy, default_step=default)
     return plan
@@ -124,7 +136,7 @@ def fit_call(
     if check_int("total_steps", total_steps, optional=True) is not None:
         train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
     plan = plan_for(owner, "train", train, "x")
-    fit_checks.check_single_pass(
+    fit_checks.warn_single_pass(
         plan,
         epochs - initial_epoch,
         "x",
@@ -144,7 +156,7 @@ def fit_call(
         )  # fmt: skip
         validation_plan = plan_for(owner, "eval", validation, "validation_data")
         count = sum(fit_checks.should_validate(e, validation_freq) for e in range(initial_epoch, epochs))
-        fit_checks.check_single_pass(
+        fit_checks.warn_single_pass(
             validation_plan, count, "validation_data", "validation_steps", f"{count} validations"
         )
     check_validation_every_steps(validation_every_steps, validation_plan is not None)

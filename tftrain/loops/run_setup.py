@@ -105,6 +105,7 @@ def start_run(
     extra_services: tuple[Service, ...] = (),
     global_step: tf.Variable | None = None,
     in_step_summaries: Callable[[], InStepSummaries | None] | None = None,
+    callbacks_decide_nan: bool = False,
 ) -> TrainingRun:
     """Sets up one `fit`: restores the latest checkpoint and builds its services.
 
@@ -135,6 +136,10 @@ def start_run(
         in_step_summaries: Returns the writer and cadence for `tf.summary`
             calls inside the training step, or None (called once `model_dir`
             is this run's: the writer creates `model_dir/train`).
+        callbacks_decide_nan: The call's callbacks hold Keras's
+            `TerminateOnNaN`: the NaN guard raises nothing, and no checkpoint
+            is written from the first non-finite step on
+            (`tftrain.services.nan_guard`).
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -151,7 +156,12 @@ def start_run(
     planned_steps = total_steps if total_steps is not None else (epochs * plan.steps if plan.steps else None)
     window = check_profile_steps(options.profile_steps, planned_steps)
     timing_service = TimingService(timer, trace_counter)
-    services: list[Service] = [NonFiniteGuard()] if options.terminate_on_nan else []
+    services: list[Service] = []
+    if options.terminate_on_nan:
+        guard = NonFiniteGuard(
+            callbacks_decide=callbacks_decide_nan, checkpoints=options.model_dir is not None
+        )
+        services.append(guard)
     if total_steps is not None:
         services.append(StepBudget(total_steps))
     services.extend(extra_services)

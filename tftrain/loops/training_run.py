@@ -51,6 +51,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.resumed = progress.global_step > 0 or progress.epoch > 0
         self.epoch_steps: int | None = None  # steps in the current epoch, if known
         self.timer = timing_service.timer if timing_service is not None else None
+        self.nonfinite_step: int | None = None  # `RunState.nonfinite_step`: no checkpoint once set
         self._unread: tuple[calls.PendingCall, bool] | None = None  # filed, results not read yet
 
     @property
@@ -139,6 +140,12 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         missing = call.steps - result.steps  # the steps after a non-finite one did not run
         self.progress.global_step -= missing
         self.progress.step_in_epoch -= missing
+        self._read(result)
+
+    def _read(self, result: calls.LoopResult) -> None:
+        """Files a call's read results: notes a non-finite loss, then runs the services' `results_read`."""
+        if result.nonfinite and self.nonfinite_step is None:
+            self.nonfinite_step = self.progress.global_step
         for service in self.services:
             service.results_read(self, result)
 
@@ -160,15 +167,16 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.progress.global_step += result.steps
         self.progress.step_in_epoch += result.steps
         if read:
-            for service in self.services:
-                service.results_read(self, result)
+            self._read(result)
         for service in self.services:
             service.after_call(self, result)
 
     @property
     def epoch_ending(self) -> bool:
         """Whether the epoch ends after the call just filed: at its last step, or at the step budget."""
-        return self.finished or self.progress.step_in_epoch == self.epoch_steps
+        return self.finished or (
+            self.epoch_steps is not None and self.progress.step_in_epoch >= self.epoch_steps
+        )
 
     @property
     def cut_by_budget(self) -> bool:

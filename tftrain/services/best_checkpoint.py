@@ -16,7 +16,8 @@ class BestCheckpointService(Service):
     directory (one checkpoint, replaced
     only by a better one; never rotated away by the regular checkpoints). The
     best value is saved with the regular checkpoints, so a resumed run goes
-    on comparing with it.
+    on comparing with it. Nothing is saved (nor counted as best) once a step
+    of the run had a non-finite loss (`RunState.nonfinite_step`).
 
     Args:
         checkpointer: Writes to the best checkpoint's directory (`max_to_keep=1`).
@@ -61,8 +62,10 @@ class BestCheckpointService(Service):
     def _consider(self, run: RunState, value: float) -> None:
         if self.best is not None and not (value < self.best if self.mode == "min" else value > self.best):
             return
-        self.best = value
         run.settle()  # the checkpoint holds only steps whose loss was checked
+        if run.nonfinite_step is not None:  # no checkpoint holds a non-finite step's state
+            return
+        self.best = value
         progress = run.progress
         self.checkpointer.save(progress, None, run.service_states(), number=progress.global_step)
 

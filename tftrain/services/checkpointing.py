@@ -17,6 +17,9 @@ class CheckpointService(Service):
     """Saves checkpoints every N steps and at each epoch end; removes a worker's scratch copies at the end.
 
     Other services that must save now (a preemption) call `save(run, wait=True)`.
+    Nothing is saved once a step of the run had a non-finite loss
+    (`RunState.nonfinite_step`: a `fit` whose `TerminateOnNaN` callback
+    decides what a NaN does).
 
     Args:
         checkpointer: Writes the checkpoints.
@@ -81,11 +84,15 @@ class CheckpointService(Service):
                 write completes first); the process may exit next.
 
         Returns:
-            The checkpoint's path (the one already written at this step, if any).
+            The checkpoint's path (the one already written at this step, if
+            any). Once a step of the run had a non-finite loss, nothing is
+            written: the last checkpoint written before it (None if none).
         """
         run.settle()  # a save waits for the loss check of the steps it holds
         progress = run.progress
-        if self._saved_at_step == progress.global_step and progress.step_in_epoch != 0:
+        if run.nonfinite_step is not None:  # no checkpoint holds a non-finite step's state
+            path = self.latest
+        elif self._saved_at_step == progress.global_step and progress.step_in_epoch != 0:
             path = self.latest
         else:
             iterator, progress.batches_in_pass = run.data_position()

@@ -165,7 +165,7 @@ class MultiWorkerPreemption(Service):
         else:
             path = self.checkpoints.save(run, wait=True)
         # Report the chief's copy (numbered by step as this worker's own).
-        self._saved = self.checkpoints.shared_path(path)
+        self._saved = self.checkpoints.shared_path(path) if path is not None else None
 
     def _exit(self) -> None:
         self._stopping = True

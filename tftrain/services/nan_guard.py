@@ -1,7 +1,14 @@
-"""The NaN guard: stops training at the first step whose loss is NaN or infinite."""
+"""The NaN guard: stops training at the first step whose loss is NaN or infinite.
+
+Where a `fit` call's callbacks hold Keras's `TerminateOnNaN`, that callback
+decides instead (it stops training or raises, as under `model.fit`) and the
+guard steps aside: it raises nothing, and the run writes no checkpoint from
+the first non-finite step on (`RunState.nonfinite_step`).
+"""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -16,12 +23,39 @@ class NonFiniteGuard(Service):
 
     It acts when a call's results are read (a call read one call late is
     checked then, before any checkpoint holds its steps).
+
+    Args:
+        callbacks_decide: The `fit` call's callbacks hold Keras's
+            `TerminateOnNaN`: raise nothing (that callback decides, and the
+            run's checkpoints stop at the first non-finite step); warn once
+            if `checkpoints` are skipped from there.
+        checkpoints: The run writes checkpoints (it has a `model_dir`).
     """
 
     name = "nan_guard"
 
+    def __init__(self, *, callbacks_decide: bool = False, checkpoints: bool = False):
+        self.callbacks_decide = callbacks_decide
+        self.checkpoints = checkpoints
+        self._warned = False
+
     def results_read(self, run: RunState, result: Any) -> None:
         if not result.nonfinite:
+            return
+        if self.callbacks_decide:
+            if self.checkpoints and not self._warned:
+                self._warned = True
+                last = run.progress.global_step
+                where = f"step {last}" if result.steps <= 1 else f"steps {last - result.steps + 1} to {last}"
+                last_good = run.latest_checkpoint()
+                warnings.warn(
+                    f"A training loss is NaN or infinite ({where}): no checkpoint is written for the rest "
+                    "of this fit call"
+                    + (f"; the last good one is {last_good}" if last_good else "")
+                    + ". The callbacks' `TerminateOnNaN` decides whether training stops, in place of the "
+                    "Trainer's NaN guard.",
+                    stacklevel=2,
+                )
             return
         progress = run.progress
         losses = {

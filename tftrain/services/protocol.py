@@ -35,11 +35,17 @@ class RunState(Protocol):
             after a host call it already counts that call's steps.
         epoch_steps: Steps in the current epoch, if known.
         total_steps: The run's step budget (`fit(total_steps=...)`), or None.
+        nonfinite_step: The last step of the first host call in this `fit`
+            whose loss was NaN or infinite (set when its results are read),
+            or None. A run goes on past one only where the call's callbacks
+            hold Keras's `TerminateOnNaN`; a service that writes the run's
+            state (a checkpoint) writes nothing once it is set.
     """
 
     progress: Progress
     epoch_steps: int | None
     total_steps: int | None
+    nonfinite_step: int | None
 
     @property
     def epoch_ending(self) -> bool:

@@ -266,7 +266,7 @@ def run(config: Config) -> dict[str, Any]:
             results["restored"] = evaluation.restore_latest(model, config.model_dir)
             results["global_step"] = int(model.optimizer.iterations.numpy())
         elif model.uses_probe:
-            logs = trainer.evaluate(eval_data, steps=eval_steps, verbose=config.verbose)
+            logs = trainer.evaluate(eval_data, steps=eval_steps, verbose=config.verbose, return_dict=True)
             results.update(evaluation.reference_results(model, logs, results["global_step"]))
         if config.linear_eval:
             train_eval = dataset(

@@ -1,0 +1,181 @@
+"""A `tf.distribute.DistributedDataset` given to `fit`/`evaluate`/`predict`, as `model.fit` takes it.
+
+In this process: Keras's own case (a one-replica `MirroredStrategy` dataset for
+a model built outside any scope). In a fresh process with 2 logical CPUs:
+both kinds of distributed dataset under `MirroredStrategy`, every engine,
+against Keras's `fit`/`evaluate`/`predict` on the same data; a dataset of
+another strategy is an error; a resumed run skips the batches already read
+(a distributed iterator cannot be checkpointed).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tftrain
+
+
+def _model():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)]
+    )
+    model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    return model
+
+
+def test_a_one_replica_distributed_dataset_trains_as_under_model_fit():
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(16, 3).astype("float32"), rng.rand(16, 1).astype("float32")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])  # not the models' (they are built outside it)
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    # Keras 3.7 refuses a `distribute_datasets_from_function` dataset: Keras reads the other kind.
+    keras_data = strategy.experimental_distribute_dataset(dataset)
+    reference = _model()
+    keras_history = reference.fit(keras_data, epochs=2, verbose=0)
+    for trainer_data in (
+        strategy.experimental_distribute_dataset(dataset),
+        strategy.distribute_datasets_from_function(lambda _: dataset),
+    ):
+        model = _model()
+        trainer = tftrain.Trainer(model, steps_per_loop=2)
+        history = trainer.fit(trainer_data, epochs=2, verbose=0)
+        for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(history.history["loss"], keras_history.history["loss"], rtol=1e-6)
+        np.testing.assert_allclose(
+            trainer.evaluate(trainer_data, verbose=0), reference.evaluate(keras_data, verbose=0), rtol=1e-6
+        )
+        np.testing.assert_allclose(
+            trainer.predict(trainer_data, verbose=0), reference.predict(keras_data, verbose=0), rtol=1e-6
+        )
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, tempfile, warnings
+    import keras, numpy as np, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import tftrain
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.RandomState(0)
+    x = rng.rand(64, 6).astype("float32")
+    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+    def distributed(kind):
+        if kind == "dataset":
+            return strategy.experimental_distribute_dataset(dataset)
+        # Each replica reads its own batches of 8 from one pipeline: the same global batches of 16.
+        return strategy.distribute_datasets_from_function(
+            lambda context: tf.data.Dataset.from_tensor_slices((x, y)).batch(context.get_per_replica_batch_size(16)))
+
+    def build(scope=True):
+        keras.utils.set_random_seed(1)
+        with (strategy.scope() if scope else tf.distribute.get_strategy().scope()):
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                      keras.layers.Dense(3)])
+            model.compile(keras.optimizers.SGD(0.1),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    def weight_diff(a, b):
+        return max(float(np.abs(p - q).max()) for p, q in zip(a.get_weights(), b.get_weights()))
+
+    results, keras_side = {}, {}
+    for kind in ("dataset", "function"):
+        reference = build()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras counts a function's batches per pipeline, and runs out
+            history = reference.fit(distributed(kind), epochs=2, validation_data=distributed(kind), verbose=0)
+            evaluated = reference.evaluate(distributed(kind), verbose=0)
+            predicted = reference.predict(distributed(kind), verbose=0)
+        keras_side[kind] = reference
+        engines = {"graph": {"steps_per_loop": 1}, "loop2": {"steps_per_loop": 2}, "auto": {},
+                   "eager": {"use_tf_function": False}}
+        for name, kwargs in engines.items():
+            model = build()
+            trainer = tftrain.Trainer(model, strategy=strategy, **kwargs)
+            got = trainer.fit(distributed(kind), epochs=2, validation_data=distributed(kind), verbose=0)
+            results[f"{kind}-{name}"] = {
+                "diff": weight_diff(model, reference),
+                "history": max(abs(a - b) for key in history.history
+                               for a, b in zip(got.history[key], history.history[key])),
+                "history_keys": sorted(got.history) == sorted(history.history),
+                "steps": trainer.timing.steps,
+                "evaluate": float(np.abs(np.subtract(trainer.evaluate(distributed(kind), verbose=0),
+                                                     evaluated)).max()),
+                "predict": float(np.abs(trainer.predict(distributed(kind), verbose=0) - predicted).max()),
+            }
+
+    errors = {}
+    try:  # a model of no strategy: the Trainer's is the default one, of one replica
+        tftrain.Trainer(build(scope=False)).fit(distributed("dataset"), verbose=0)
+    except ValueError as error:
+        errors["default"] = str(error)
+    other = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    try:
+        tftrain.Trainer(build(), strategy=strategy).evaluate(
+            other.experimental_distribute_dataset(dataset), verbose=0)
+    except ValueError as error:
+        errors["other"] = str(error)
+
+    # Resume: the distributed iterator is not saved; the resumed run skips the batches already read.
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 6:
+                raise RuntimeError("crash")
+
+    model_dir = tempfile.mkdtemp()
+    trainer = tftrain.Trainer(build(), strategy=strategy, model_dir=model_dir, checkpoint_every_steps=3,
+                              steps_per_loop=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trainer.fit(distributed("dataset"), epochs=2, verbose=0, callbacks=[Crash()])
+        except RuntimeError:
+            pass
+    model = build()
+    model.layers[0].kernel.assign(tf.zeros_like(model.layers[0].kernel))  # restored below
+    trainer = tftrain.Trainer(model, strategy=strategy, model_dir=model_dir, checkpoint_every_steps=3)
+    trainer.fit(distributed("dataset"), epochs=2, verbose=0)
+    resumed = {"diff": weight_diff(model, keras_side["dataset"]), "steps": int(model.optimizer.iterations.numpy()),
+               "warned": any("skip the batches" in str(w.message) for w in caught)}
+    print("RESULT" + json.dumps({"results": results, "errors": errors, "resumed": resumed}))
+    """
+)
+
+
+# As tests/test_trainer_mirrored.py: two replicas do not match under TensorFlow 2.16.2 / Keras 3.7.0.
+@pytest.mark.newest_only
+def test_distributed_datasets_under_two_replicas_match_model_fit_and_resume():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
+    output = json.loads(line[len("RESULT") :])
+    assert len(output["results"]) == 8
+    for name, result in output["results"].items():
+        assert result["diff"] < 1e-6, name
+        assert result["history"] < 1e-5 and result["history_keys"], name
+        assert result["steps"] == 8, name  # 4 global batches per epoch, for both kinds
+        assert result["evaluate"] < 1e-6 and result["predict"] < 1e-6, name
+    errors = output["errors"]
+    assert "distributed by a MirroredStrategy of 2 replicas" in errors["default"]
+    assert "under the default strategy of one replica" in errors["default"]
+    assert "of another strategy than the Trainer's" in errors["other"]
+    assert "Expected a dataset distributed by the Trainer's own strategy" in errors["other"]
+    resumed = output["resumed"]
+    assert resumed["diff"] < 1e-6 and resumed["steps"] == 8 and resumed["warned"], resumed
