@@ -121,7 +121,10 @@ def run_evaluation(
         should_stop=lambda: getattr(owner.model, "stop_evaluating", False),
     )
     results = keras_internals.pythonify_logs(pass_logs(owner, logs, "eval"))
-    callback_list.on_test_end(results)
+    # A validation in fit runs with summaries off for its steps; the callbacks' own summaries
+    # (Keras's TensorBoard writes `evaluation_*_vs_iterations` here) are written as under fit.
+    with tf.summary.record_if(True):
+        callback_list.on_test_end(results)
     return results
 
 
