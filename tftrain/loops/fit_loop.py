@@ -128,7 +128,9 @@ def _train_epoch(
         if run.cut_by_budget:  # the epoch goes on in a larger budget: its metrics must too
             val_logs = inference.validate_mid_epoch(owner, call.validation_plan, callback_list)
         else:
-            with tf.summary.record_if(False):  # the writer in fit is the training step's
+            # The validation's traced steps record no summaries (the default writer in fit is the
+            # training step's); callbacks record as under fit (Keras's TensorBoard on_test_end).
+            with tf.summary.record_if(lambda: not tf.inside_function()):
                 val_logs = inference.run_evaluation(owner, call.validation_plan, callback_list)
         epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
     callback_list.on_epoch_end(epoch, epoch_logs)

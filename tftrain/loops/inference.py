@@ -121,10 +121,7 @@ def run_evaluation(
         should_stop=lambda: getattr(owner.model, "stop_evaluating", False),
     )
     results = keras_internals.pythonify_logs(pass_logs(owner, logs, "eval"))
-    # A validation in fit runs with summaries off for its steps; the callbacks' own summaries
-    # (Keras's TensorBoard writes `evaluation_*_vs_iterations` here) are written as under fit.
-    with tf.summary.record_if(True):
-        callback_list.on_test_end(results)
+    callback_list.on_test_end(results)
     return results
 
 
@@ -133,7 +130,9 @@ def validate_mid_epoch(
 ) -> dict[str, Any]:
     """Validates without losing the epoch's training metrics (an evaluation resets every metric)."""
     saved = [(variable, variable.numpy()) for metric in owner.metrics for variable in metric.variables]
-    with tf.summary.record_if(False):  # the writer in fit is the training step's
+    # The validation's traced steps record no summaries (the default writer in fit is the
+    # training step's); callbacks record as under fit (Keras's TensorBoard on_test_end).
+    with tf.summary.record_if(lambda: not tf.inside_function()):
         logs = run_evaluation(owner, plan, callback_list)
     for variable, value in saved:
         variable.assign(value)
