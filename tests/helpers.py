@@ -1,5 +1,8 @@
 """Helpers shared by tests (importable as `helpers`: setup.cfg puts tests/ on the path)."""
 
+import textwrap
+
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -119,3 +122,22 @@ def values_dataset():
     values = np.arange(1, 10, dtype="float32")
     values[3] = np.nan
     return tf.data.Dataset.from_tensor_slices(values).batch(1)
+
+
+# The start of a script run in a fresh process: the CPU split into two logical devices, a
+# MirroredStrategy over them, and a small classification dataset (x, y, batches of 16).
+TWO_CPU_MIRRORED_SETUP = textwrap.dedent(
+    """
+    import json, tempfile, warnings
+    import keras, numpy as np, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import tftrain
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.RandomState(0)
+    x = rng.rand(64, 6).astype("float32")
+    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    """
+)

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import TWO_CPU_MIRRORED_SETUP
 
 import tftrain
 
@@ -59,19 +60,8 @@ def test_a_one_replica_distributed_dataset_trains_as_under_model_fit():
         )
 
 
-SCRIPT = textwrap.dedent(
+SCRIPT = TWO_CPU_MIRRORED_SETUP + textwrap.dedent(
     """
-    import json, tempfile, warnings
-    import keras, numpy as np, tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    import tftrain
-
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    rng = np.random.RandomState(0)
-    x = rng.rand(64, 6).astype("float32")
-    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
 
     def distributed(kind):
         if kind == "dataset":

@@ -15,20 +15,10 @@ import sys
 import textwrap
 
 import pytest
+from helpers import TWO_CPU_MIRRORED_SETUP
 
-SCRIPT = textwrap.dedent(
+SCRIPT = TWO_CPU_MIRRORED_SETUP + textwrap.dedent(
     """
-    import json, tempfile, warnings
-    import keras, numpy as np, tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    import tftrain
-
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    rng = np.random.RandomState(0)
-    x = rng.rand(64, 6).astype("float32")
-    y = (x[:, 0] * 3).astype("int32").clip(0, 2)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
 
     def build():
         keras.utils.set_random_seed(1)

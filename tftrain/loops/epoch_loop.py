@@ -56,6 +56,12 @@ def run_pass(
         steps_per_loop if isinstance(steps_per_loop, StepsPerCall) else StepsPerCall(steps_per_loop)
     )
     target = plan.steps
+    # Where the epoch's calls end: "auto" ends its calls at the target; a fixed k runs k steps
+    # per call, past `steps_per_epoch` up to the next multiple of k, as Keras's
+    # `steps_per_execution` does (also where a service edge shortened a call).
+    epoch_end = target
+    if target is not None and not steps_per_call.auto:
+        epoch_end = -(-target // steps_per_call.chosen) * steps_per_call.chosen
     step = run.progress.step_in_epoch if run is not None else 0
     logs, data_ended, unread = None, False, None
     # Results are read one call late where nothing on the host needs them at once (module doc).
@@ -65,22 +71,14 @@ def run_pass(
     try:
         iterator = plan.begin_epoch()
         if run is not None and target is not None and not steps_per_call.auto:
-            # A fixed k's calls run past the target (as Keras's), up to where the data ends.
-            k = steps_per_call.chosen
-            run.epoch_steps = -(-target // k) * k
-            left = plan.batches_left(step)
-            if left is not None:
-                run.epoch_steps = min(run.epoch_steps, step + left)
+            left = plan.batches_left(step)  # a fixed k's epoch also ends where the data does
+            run.epoch_steps = epoch_end if left is None else min(epoch_end, step + left)
         while target is None or step < target:
             if run is not None and run.finished:
                 break
             call_start = time.perf_counter()
             requested = wanted = steps_per_call.next()
-            if target is not None:
-                # "auto" ends its calls at the epoch's end; a fixed k runs k steps per call,
-                # past `steps_per_epoch` up to the next multiple of k, as Keras's
-                # `steps_per_execution` does (also where a service edge shortened a call).
-                epoch_end = target if steps_per_call.auto else -(-target // requested) * requested
+            if epoch_end is not None:
                 wanted = min(wanted, epoch_end - step)
             left = plan.batches_left(step)
             if left is not None:
