@@ -2,7 +2,6 @@
 
 import textwrap
 
-
 import keras
 import numpy as np
 import tensorflow as tf
