@@ -48,6 +48,7 @@ TIMING_REPORT_KEYS = {
     "trace_count",
     "checkpoint_saves",
     "checkpoint_save_median_s",
+    "engine",
 }
 
 

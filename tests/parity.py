@@ -91,11 +91,17 @@ ENGINE_COMPILE = {
     "xla": dict(jit_compile=True),
     "loop3": dict(steps_per_execution=3),
     "xla_loop3": dict(jit_compile=True, steps_per_execution=3),
+    "loop4": dict(steps_per_execution=4),
+    "xla_loop4": dict(jit_compile=True, steps_per_execution=4),
 }
-"""`model.compile` arguments that make Keras run each engine of `helpers.ENGINES`."""
+"""`model.compile` arguments that make Keras run each engine of `helpers.ENGINES` (and k=4)."""
 
-ENGINE_TRAINER = ENGINES
-"""The Trainer's arguments for the same engines."""
+ENGINE_TRAINER = {
+    **ENGINES,
+    "loop4": dict(steps_per_loop=4),
+    "xla_loop4": dict(jit_compile=True, steps_per_loop=4),
+}
+"""The Trainer's arguments for the same engines (k=4: calls that a 3-step cycle, e.g. gradient accumulation, does not divide)."""
 
 
 def compile_for(model: keras.Model, engine: str, compile_kwargs: dict[str, Any]) -> None:

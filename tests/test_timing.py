@@ -51,6 +51,7 @@ def test_report_to_dict_has_exactly_the_contract_keys():
         trace_count=1,
         checkpoint_saves=2,
         checkpoint_save_median_s=0.05,
+        engine="xla+loop4",
     )
     report = timing.TimingReport(**fields)
     assert set(report.to_dict()) == REPORT_KEYS
@@ -88,6 +89,13 @@ def test_summary_formats_each_value():
     # A two-column table: every value starts in the same column.
     starts = {len(line) - len(line.rsplit("  ", 1)[1].lstrip()) for line in lines}
     assert len(starts) == 1
+
+
+def test_summary_names_the_engine_first_where_known():
+    lines = timing.TimingReport(steps=3, engine="graph+loop20 (auto)").summary().splitlines()
+    assert lines[0].split("  ")[0] == "engine" and lines[0].rsplit("  ", 1)[1] == "graph+loop20 (auto)"
+    assert len(lines) == 7
+    assert "engine" not in timing.TimingReport().summary()
 
 
 def test_summary_of_an_empty_report_says_not_available():
@@ -401,3 +409,53 @@ def test_timing_callback_counts_a_partial_last_execution():
     model.fit(keras_data(56), epochs=2, verbose=0, shuffle=False, callbacks=[callback])
     assert callback.report.steps == 7 * 2
     assert callback.report.examples_per_sec > 0
+
+
+# ------------------------------------------------------------------- the engine that ran
+
+
+class _BatchHooks(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
+@pytest.mark.parametrize(
+    "trainer_kwargs, callbacks, engine",
+    [
+        (dict(use_tf_function=False), [], "eager"),
+        (dict(steps_per_loop=1), [], "graph"),
+        (dict(jit_compile=True, steps_per_loop=3), [], "xla+loop3"),
+        (dict(), [_BatchHooks()], "graph (auto)"),  # "auto" runs one step per call for batch hooks
+    ],
+)
+def test_trainer_timing_names_the_engine_that_ran(tiny_dataset, trainer_kwargs, callbacks, engine):
+    trainer = tftrain.Trainer(make_mlp(), **compile_args(), **trainer_kwargs)
+    trainer.fit(tiny_dataset, epochs=1, verbose=0, callbacks=callbacks)
+    assert trainer.timing.engine == engine
+    assert trainer.timing.to_dict()["engine"] == engine
+
+
+def test_trainer_timing_names_the_k_that_auto_chose():
+    rng = np.random.default_rng(0)
+    x, y = rng.random((120, 6), "float32"), rng.integers(0, 3, 120).astype("int32")
+    trainer = tftrain.Trainer(make_mlp(), **compile_args())
+    trainer.fit(x, y, batch_size=2, epochs=1, verbose=0)  # 60 steps: the probes (3 + 3 x 8 untraced) fit
+    chosen = trainer.chosen_steps_per_loop
+    assert chosen is not None
+    assert trainer.timing.engine == ("graph (auto)" if chosen == 1 else f"graph+loop{chosen} (auto)")
+
+
+@pytest.mark.parametrize(
+    "compile_kwargs, engine",
+    [
+        (dict(run_eagerly=True), "eager"),
+        (dict(jit_compile=False), "graph"),
+        (dict(jit_compile=True, steps_per_execution=4), "xla+loop4"),
+    ],
+)
+def test_timing_callback_names_the_engine_fit_ran(tiny_dataset, compile_kwargs, engine):
+    model = make_mlp()
+    model.compile(**compile_args(), **compile_kwargs)
+    callback = tftrain.callbacks.Timing()
+    model.fit(tiny_dataset, epochs=1, verbose=0, callbacks=[callback])
+    assert callback.report.engine == engine

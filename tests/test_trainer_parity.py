@@ -255,6 +255,33 @@ def test_known_length_pass_that_steps_per_epoch_does_not_divide_matches_keras():
         )
 
 
+class StopAtBatch(keras.callbacks.Callback):
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch >= self.batch:
+            self.model.stop_training = True
+
+
+@pytest.mark.parametrize("engine", ["eager", "graph", "loop3"])
+def test_endless_data_without_steps_per_epoch_trains_until_a_callback_stops_it_as_keras(engine):
+    x, y = data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()  # never ends
+    with pytest.warns(UserWarning, match="never ends"):
+        result = fit_both(
+            mlp(),
+            classifier_compile,
+            engine,
+            data_args=(dataset,),
+            fit_kwargs=dict(epochs=3),
+            callbacks=lambda: [StopAtBatch(7)],
+        )
+    check_all(result)
+    assert len(result[4].history["loss"]) == 1
+
+
 def test_predict_with_dense_then_ragged_outputs_on_one_trainer():
     class Identity(keras.Model):
         def call(self, x):

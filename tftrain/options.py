@@ -27,6 +27,7 @@ __all__ = [
     "check_directory_path",
     "check_every_steps",
     "check_int",
+    "check_jit_compile",
     "check_profile_steps",
     "check_validation_every_steps",
     "check_validation_freq",
@@ -73,6 +74,27 @@ def check_verbose(verbose: int | str) -> int:
     raise ValueError(
         f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. "
         'Expected 0 (silent), 1 (progress bar), 2 (one line per epoch) or "auto".'
+    )
+
+
+def check_jit_compile(value: Any) -> bool | str:
+    """`Trainer(jit_compile=...)` as `keras.Model.compile` takes it: True, False or `"auto"`.
+
+    Args:
+        value: What was received.
+
+    Returns:
+        `value`, unchanged (`"auto"` is resolved against the model by
+        `tftrain.engine.model_setup.resolve_jit_compile`).
+
+    Raises:
+        ValueError: `value` is none of those.
+    """
+    if isinstance(value, bool) or (isinstance(value, str) and value == "auto"):
+        return value
+    raise ValueError(
+        f"Invalid value for argument `jit_compile`. Received: jit_compile={value!r}. Expected True (XLA), "
+        'False, or "auto" (XLA where `model.compile(jit_compile="auto")` would use it).'
     )
 
 
@@ -198,7 +220,9 @@ class EngineOptions:
     Attributes:
         use_tf_function: Wrap the step in `tf.function` (graph). False runs it
             eagerly: slow, but `print` and debuggers work inside the step.
-        jit_compile: Compile the step with XLA. Needs `use_tf_function`.
+        jit_compile: Compile the step with XLA. Needs `use_tf_function`. A
+            resolved bool: the `Trainer` resolves its `jit_compile="auto"`
+            against the model before making these options.
         steps_per_loop: Steps per host call. Above 1 (with `use_tf_function`),
             a `tf.while_loop` inside one `tf.function` pulls batches from the
             iterator, so the host is visited once per `steps_per_loop` steps.
@@ -243,6 +267,22 @@ class EngineOptions:
         elif self.fixed_steps > 1:
             base += f"+loop{self.steps_per_loop}"
         return base
+
+    def ran_name(self, steps_per_call: int | None) -> str:
+        """The name of the engine that ran: `name`, with the k that `"auto"` chose.
+
+        Args:
+            steps_per_call: The steps per host call that `steps_per_loop="auto"`
+                ran once it chose (1 where callbacks implement batch hooks), or
+                None where it had not chosen yet. Ignored without `"auto"`.
+
+        Returns:
+            `name` without `"auto"`; with it, e.g. `"graph+loop20 (auto)"`,
+            `"xla (auto)"` (one step per call), or `"graph+auto"` before a choice.
+        """
+        if not self.auto or steps_per_call is None:
+            return self.name
+        return dataclasses.replace(self, steps_per_loop=steps_per_call).name + " (auto)"
 
     @property
     def auto(self) -> bool:

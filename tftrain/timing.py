@@ -20,6 +20,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tftrain.options import EngineOptions
+
 # A step function that traced this many times is called "retracing" and warned
 # about once, naming what changed. Two traces are normal: the first batch, and a
 # relaxed shape after a partial last batch (`reduce_retracing=True`).
@@ -47,6 +49,12 @@ class TimingReport:
             `model_dir`; 0 otherwise).
         checkpoint_save_median_s: Median seconds one checkpoint save took
             (outside the step times above), or None without saves.
+        engine: The engine the training steps ran under, after every
+            `"auto"` was resolved (`EngineOptions.ran_name`): e.g. `"graph"`,
+            `"xla+loop4"`, `"graph+loop20 (auto)"` (the k that
+            `steps_per_loop="auto"` chose), `"eager"`. Under `model.fit`
+            (`Timing`): the engine Keras ran, from the model's `run_eagerly`,
+            resolved `jit_compile` and `steps_per_execution`. None if unknown.
     """
 
     first_step_s: float | None = None
@@ -57,14 +65,16 @@ class TimingReport:
     trace_count: int = 0
     checkpoint_saves: int = 0
     checkpoint_save_median_s: float | None = None
+    engine: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the report as a plain dict (JSON-serializable)."""
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
-        """Renders the report as a short two-column table."""
-        rows = [
+        """Renders the report as a short two-column table (the engine first, where known)."""
+        rows = [] if self.engine is None else [("engine", self.engine)]
+        rows += [
             ("steps", str(self.steps)),
             ("trace count", str(self.trace_count)),
             ("first step (trace+compile+run)", _format_seconds(self.first_step_s)),
@@ -303,8 +313,13 @@ class StepTimer:
         # Absent in checkpoints written before save times were measured.
         self.checkpoint_save_times = list(state.get("checkpoint_save_times", []))
 
-    def report(self, trace_count: int) -> TimingReport:
-        """Builds the report from what was measured."""
+    def report(self, trace_count: int, engine: str | None = None) -> TimingReport:
+        """Builds the report from what was measured.
+
+        Args:
+            trace_count: How many times the step function traced.
+            engine: The name of the engine that ran (see `TimingReport.engine`).
+        """
         median = p90 = throughput = None
         if self.step_times:
             median = statistics.median(self.step_times)
@@ -322,6 +337,7 @@ class StepTimer:
             checkpoint_save_median_s=(
                 statistics.median(self.checkpoint_save_times) if self.checkpoint_save_times else None
             ),
+            engine=engine,
         )
 
 
@@ -389,10 +405,24 @@ class Timing(keras.callbacks.Callback):
         return np.array([counts[0] // replicas, counts[1]], np.int64)
 
     def on_train_end(self, logs=None):
-        self.report = self._timer.report(self._counter.count)
+        self.report = self._timer.report(self._counter.count, engine=fit_engine_name(self.model))
         self.model._tftrain_timing_hook.callback = None
         if self.verbose:
             print(self.report.summary())
+
+
+def fit_engine_name(model: keras.Model) -> str:
+    """The engine `model.fit` runs for a compiled model, named as the Trainer names its engines.
+
+    From the model's `run_eagerly`, resolved `jit_compile` (Keras ignores it
+    for an eager model) and `steps_per_execution`, e.g. `"xla+loop4"`.
+    """
+    eager = bool(getattr(model, "run_eagerly", False))
+    return EngineOptions(
+        use_tf_function=not eager,
+        jit_compile=bool(getattr(model, "jit_compile", False)) and not eager,
+        steps_per_loop=int(getattr(model, "steps_per_execution", 1) or 1),
+    ).name
 
 
 def _install_timing_hook(model: keras.Model) -> types.SimpleNamespace:

@@ -53,14 +53,21 @@ class Trainer:
         loss: As in `compile`.
         metrics: As in `compile`.
         use_tf_function: Run steps in `tf.function` (True) or eagerly (False).
-        jit_compile: Compile steps with XLA.
+        jit_compile: Compile steps with XLA (True), or not (False, the
+            default); `"auto"` resolves as `model.compile(jit_compile="auto")`
+            does for this model: XLA only with a GPU or TPU, no strategy, and
+            layers that all support it (see
+            `tftrain.engine.model_setup.resolve_jit_compile`). The resolved
+            value is `trainer.options.jit_compile`.
         steps_per_loop: Training steps per host call, or `"auto"` (chosen from
             measured call times). See `tftrain.options.EngineOptions`.
         strategy: The `tf.distribute.Strategy` to run under; None means the
             model's (`model.distribute_strategy`), as `model.fit` decides. An
             optimizer created outside its scope that holds no state yet is
             recreated in it.
-        measure_timing: Time every host call and build `trainer.timing`.
+        measure_timing: Time every host call and build `trainer.timing`
+            (`trainer.timing.engine`, filled either way, names the engine
+            that ran, every `"auto"` resolved: e.g. `"xla+loop4"`).
         mixed_precision: `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`:
             the Keras dtype policy of the model's layers (float16 also wraps
             the optimizer in a `LossScaleOptimizer`); None: as built.
@@ -98,7 +105,7 @@ class Trainer:
         metrics: Any = None,
         *,
         use_tf_function: bool = True,
-        jit_compile: bool = False,
+        jit_compile: bool | str = False,
         steps_per_loop: int | str = "auto",
         strategy: tf.distribute.Strategy | None = None,
         measure_timing: bool = True,
@@ -122,6 +129,10 @@ class Trainer:
                 f"{type(model).__name__}. Expected a keras.Model (Sequential, functional, "
                 "a subclass, or a tftrain.CustomModel)."
             )
+        self.strategy = strategy or model.distribute_strategy
+        jit_compile = model_setup.resolve_jit_compile(
+            jit_compile, model, self.strategy, use_tf_function=use_tf_function
+        )
         self.options = EngineOptions(
             use_tf_function=use_tf_function, jit_compile=jit_compile, steps_per_loop=steps_per_loop
         )
@@ -134,7 +145,6 @@ class Trainer:
         )  # fmt: skip
         self.services = check_services(services, reserved=run_setup.BUILT_IN_NAMES)
         self.model, self.model_dir = model, self.run_options.model_dir
-        self.strategy = strategy or model.distribute_strategy
         self.measure_timing = bool(measure_timing)
         self.mixed_precision = precision.check_policy(mixed_precision)
         model_setup.prepare_model(

@@ -17,6 +17,7 @@ def test_every_accessor_finds_its_api_in_the_installed_keras():
     assert model.optimizer.built
     assert keras_internals.loss_tracker(model).name == "loss"
     assert model in keras_internals.flatten_layers(model)
+    assert keras_internals.resolve_auto_jit_compile(model) is bool(model._resolve_auto_jit_compile())
     keras_internals.set_initial_epoch(model, 3)
     assert keras_internals.initial_epoch(model) == 3
     keras_internals.set_initial_epoch(model, None)

@@ -224,9 +224,10 @@ def test_empty_dataset_is_an_error():
         plan_of(tf.data.Dataset.range(0).batch(2))
 
 
-def test_infinite_dataset_needs_steps():
-    with pytest.raises(ValueError, match="steps_per_epoch=None"):
-        plan_of(tf.data.Dataset.range(4).batch(2).repeat())
+def test_infinite_dataset_without_steps_is_one_endless_epoch_with_a_warning():
+    with pytest.warns(UserWarning, match="never ends.*steps_per_epoch=None.*stop_training"):
+        plan = plan_of(tf.data.Dataset.range(4).batch(2).repeat())
+    assert plan.steps is None and not plan.may_end_unannounced
     plan = plan_of(tf.data.Dataset.range(4).batch(2).repeat(), 5)
     assert plan.steps == 5
 
@@ -236,10 +237,12 @@ def test_steps_past_a_finite_dataset_is_taken_as_keras_takes_it():
     assert plan.steps == 6
 
 
-def test_custom_argument_names_in_errors():
-    with pytest.raises(ValueError, match="validation_steps=None") as info:
+def test_custom_argument_names_in_warnings_and_errors():
+    with pytest.warns(UserWarning, match="validation_steps=None") as record:
         plan_of(tf.data.Dataset.range(4).repeat().batch(2), None, "validation_data", "validation_steps")
-    assert "`validation_data`" in str(info.value)
+    assert "`validation_data`" in str(record[0].message)
+    with pytest.raises(ValueError, match="`validation_data`.*empty"):
+        plan_of(tf.data.Dataset.range(4).take(0).batch(2), None, "validation_data", "validation_steps")
 
 
 def test_steps_is_the_cardinality_without_steps_per_epoch():

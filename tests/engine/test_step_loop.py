@@ -107,6 +107,20 @@ def test_engine_names(kwargs, name):
     assert options.EngineOptions(**kwargs).name == name
 
 
+@pytest.mark.parametrize(
+    "kwargs, steps_per_call, name",
+    [
+        (dict(steps_per_loop="auto"), 20, "graph+loop20 (auto)"),
+        (dict(jit_compile=True, steps_per_loop="auto"), 1, "xla (auto)"),
+        (dict(steps_per_loop="auto"), None, "graph+auto"),  # "auto" had not chosen yet
+        (dict(jit_compile=True, steps_per_loop=4), 4, "xla+loop4"),
+        (dict(use_tf_function=False, steps_per_loop="auto"), 1, "eager"),
+    ],
+)
+def test_the_engine_that_ran_is_named_with_the_k_auto_chose(kwargs, steps_per_call, name):
+    assert options.EngineOptions(**kwargs).ran_name(steps_per_call) == name
+
+
 # ---------------------------------------------------------------------- make_loop
 
 

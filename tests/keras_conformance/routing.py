@@ -38,11 +38,16 @@ _routed_calls = [0]
 
 
 def engine_settings(model: keras.Model) -> dict:
-    """The Trainer's engine arguments for the engine `model.fit` would run."""
-    jit_compile = getattr(model, "jit_compile", False)
+    """The Trainer's engine arguments for the engine `model.fit` would run.
+
+    `model.jit_compile` is what `compile` resolved (its `"auto"` included;
+    None where Keras found a layer without XLA), read as Keras's train
+    function reads it; an eager model never compiles with XLA.
+    """
+    eager = bool(getattr(model, "run_eagerly", False))
     return {
-        "use_tf_function": not getattr(model, "run_eagerly", False),
-        "jit_compile": jit_compile if jit_compile in (True, False) else "auto",
+        "use_tf_function": not eager,
+        "jit_compile": bool(getattr(model, "jit_compile", False)) and not eager,
         "steps_per_loop": int(getattr(model, "steps_per_execution", 1) or 1),
     }
 

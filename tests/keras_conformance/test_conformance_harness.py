@@ -1,5 +1,7 @@
 """The Keras conformance harness itself: the model rewrite, the routing, and how failures are judged."""
 
+import warnings
+
 import fetch
 import keras
 import numpy as np
@@ -73,6 +75,24 @@ def test_fit_evaluate_predict_run_through_one_trainer_per_compile(routed):
     assert routing.trainer_for(model) is trainer
     model.compile(optimizer="sgd", loss="mse")
     assert routing.trainer_for(model) is not trainer
+
+
+@pytest.mark.parametrize(
+    "compile_kwargs, jit_compile",
+    [
+        (dict(), False),  # compile's "auto": off on this CPU machine
+        (dict(jit_compile="auto"), False),
+        (dict(jit_compile=True), True),
+        (dict(jit_compile=True, run_eagerly=True), False),  # compile turns it off, with a warning
+    ],
+)
+def test_the_trainer_gets_the_jit_compile_the_model_resolved(compile_kwargs, jit_compile):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _model(**compile_kwargs)
+    settings = routing.engine_settings(model)
+    assert settings["jit_compile"] is jit_compile is bool(model.jit_compile)
+    assert tftrain.Trainer(model, **settings).options.jit_compile is jit_compile
 
 
 def test_a_failure_counts_only_where_keras_itself_passes():

@@ -129,6 +129,19 @@ def loss_tracker(model: keras.Model) -> Any:
     return model._loss_tracker
 
 
+def resolve_auto_jit_compile(model: keras.Model) -> bool:
+    """Whether `model.compile(jit_compile="auto")` would compile the model's steps with XLA.
+
+    Keras resolves `"auto"` in the model's `_resolve_auto_jit_compile` (no
+    public name): off on a machine without a GPU or TPU, off under a
+    `tf.distribute` strategy, off where a layer has `supports_jit=False` or
+    op determinism is on. The Trainer's `jit_compile="auto"` asks the same
+    code, so the two never disagree. (Eager runs are decided by the caller,
+    as `compile` decides them before asking.)
+    """
+    return bool(_method(model, "_resolve_auto_jit_compile", 'jit_compile="auto"')())
+
+
 def flatten_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """Every sublayer of `layer`, itself included, at any depth.
 

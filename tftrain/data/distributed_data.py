@@ -56,15 +56,31 @@ class DistributedData:
 
         A `distribute_datasets_from_function` dataset of several replicas
         reports the batches of one input pipeline, and each step reads one
-        per replica: its length is taken as unknown (the end is found by
-        reading), not as that count.
+        per replica: its length is unknown (the end is found by reading).
         """
-        count = int(self.distributed.cardinality)  # a number, not a method, on a DistributedDataset
+        count = self._count()
         if count < 0:
             return count
-        if keras_internals.made_from_function(self.distributed) and self.strategy.num_replicas_in_sync > 1:
+        if self._count_is_per_pipeline():
             return tf.data.UNKNOWN_CARDINALITY
         return max(count - self.skipped, 0)
+
+    def announced_steps(self) -> int | None:
+        """The steps Keras's `fit` takes this data to have, where that is not its length (else None).
+
+        Keras takes the count of a `distribute_datasets_from_function` dataset
+        of several replicas (one input pipeline's batches) as the steps
+        (`params["steps"]`, the progress bar's total), and warns when the
+        data runs out before them; the Trainer reports the same count.
+        """
+        count = self._count()
+        return max(count - self.skipped, 0) if count > 0 and self._count_is_per_pipeline() else None
+
+    def _count(self) -> int:
+        return int(self.distributed.cardinality)  # a number, not a method, on a DistributedDataset
+
+    def _count_is_per_pipeline(self) -> bool:
+        return keras_internals.made_from_function(self.distributed) and self.strategy.num_replicas_in_sync > 1
 
     def skip(self, count: int) -> DistributedData:
         """The same data, whose iterators first skip `count` batches (as `tf.data.Dataset.skip`)."""
@@ -89,20 +105,22 @@ def iterate(data: DistributedData) -> Iterator[Any]:
 
 
 def check_strategy(data: DistributedData, strategy: tf.distribute.Strategy, argument: str) -> None:
-    """Raises unless `data` was distributed by `strategy` (or both have a single replica).
+    """Raises unless `data` holds one value per replica of `strategy`.
 
     The steps run with `strategy.run` on each batch, which must hold one value
-    per replica of that strategy. A dataset of one replica yields plain
-    tensors, which any strategy of one replica takes: that is how Keras's `fit`
-    reads a `MirroredStrategy(["CPU:0"])` dataset for a model built outside
-    any scope.
+    per replica of that strategy. As under Keras's `fit`, a dataset of
+    another strategy with as many replicas runs under the Trainer's strategy,
+    and a dataset of one replica (plain tensors) feeds any strategy of one
+    replica (a `MirroredStrategy(["CPU:0"])` dataset for a model built
+    outside any scope). Other replica counts fail under `fit` deep inside
+    TensorFlow; here they are a clear error first.
 
     Raises:
         ValueError: naming both strategies and the fix.
     """
     if data.strategy is strategy:
         return
-    if data.strategy.num_replicas_in_sync == 1 and strategy.num_replicas_in_sync == 1:
+    if data.strategy.num_replicas_in_sync == strategy.num_replicas_in_sync:
         return
     if strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
         trainers = "the default strategy of one replica (no `strategy=`, and a model built outside any scope)"
@@ -111,10 +129,10 @@ def check_strategy(data: DistributedData, strategy: tf.distribute.Strategy, argu
     raise ValueError(
         f"Invalid value for argument `{argument}`. Received: a {type(data.distributed).__name__} of another "
         f"strategy than the Trainer's: it was distributed by {_described(data.strategy)}, and the Trainer "
-        f"runs under {trainers}. Expected a dataset distributed by the Trainer's own strategy "
-        "(`Trainer(..., strategy=strategy)` with the strategy whose `experimental_distribute_dataset` or "
-        "`distribute_datasets_from_function` made it), or the `tf.data.Dataset` itself, which the Trainer "
-        "distributes."
+        f"runs under {trainers}. Expected a dataset distributed by a strategy of as many replicas as the "
+        "Trainer's, best its own (`Trainer(..., strategy=strategy)` with the strategy whose "
+        "`experimental_distribute_dataset` or `distribute_datasets_from_function` made it), or the "
+        "`tf.data.Dataset` itself, which the Trainer distributes."
     )
 
 

@@ -33,8 +33,11 @@ class EpochPlan:
     `steps_per_epoch` past the end of a finite dataset is taken, as Keras
     takes it: the epoch ends where the data does, with a warning.
 
+    Data that never ends without `steps_per_epoch` makes one endless epoch,
+    as under `fit` (with a warning): it ends when a callback stops it.
+
     Raises:
-        ValueError: an empty dataset, or an infinite one without `steps_per_epoch`.
+        ValueError: an empty dataset.
     """
 
     def __init__(
@@ -54,10 +57,13 @@ class EpochPlan:
                 "than the data with `drop_remainder=True`."
             )
         if cardinality == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
-            raise ValueError(
-                f"Invalid value for argument `{argument}`: the data never ends (an infinite dataset or "
-                f"PyDataset), so an epoch never ends. Received: {steps_argument}=None. Expected "
-                f"{steps_argument}=<number of steps>, or finite data."
+            # As under `fit`: one epoch that ends only when a callback stops it.
+            warnings.warn(
+                f"`{argument}` never ends (an infinite dataset or a PyDataset without a length) and "
+                f"{steps_argument}=None, so it is read until a callback stops the loop, as Keras reads it "
+                "(`model.stop_training`, `stop_evaluating` or `stop_predicting` set to True). "
+                f"Pass {steps_argument}=<number of steps> to end it.",
+                stacklevel=4,
             )
         self.data = data
         self.dataset = dataset
@@ -70,6 +76,9 @@ class EpochPlan:
         # loop keeps asking for the next batch and finds the end itself.
         self._batches_per_pass = cardinality if cardinality > 0 else None
         self._known_up_front = self._batches_per_pass is not None
+        # Steps Keras reports for data whose length it miscounts (see `DistributedData.announced_steps`).
+        announced = getattr(dataset, "announced_steps", None)
+        self._announced_steps: int | None = announced() if announced is not None else None
         # Whether a pass may end where no count says so (a generator, a filtered
         # dataset): the loop then checks for a next batch before a batch hook.
         self.may_end_unannounced = cardinality == tf.data.UNKNOWN_CARDINALITY
@@ -82,7 +91,7 @@ class EpochPlan:
         """Steps in the coming epoch, or None while unknown."""
         if self.steps_per_epoch is not None:
             return self.steps_per_epoch
-        return self._batches_per_pass if self._known_up_front else None
+        return self._batches_per_pass if self._known_up_front else self._announced_steps
 
     def batches_left(self, steps_this_epoch: int) -> int | None:
         """Batches left in the current pass (None while its length is unknown)."""
@@ -170,10 +179,11 @@ class EpochPlan:
                 )
             if self._batches_per_pass is None:
                 self._batches_per_pass = self._seen_in_pass
-            if self.steps_per_epoch is not None:
+            expected = self.steps
+            if expected is not None and steps_run < expected:
                 warnings.warn(
                     f"`{self.argument}` ran out of data after {steps_run} of "
-                    f"{self.steps_per_epoch} steps in this epoch; the next epoch starts a new "
+                    f"{expected} steps in this epoch; the next epoch starts a new "
                     "pass. Use `dataset.repeat()` to avoid short epochs.",
                     stacklevel=3,
                 )

@@ -17,6 +17,7 @@ from tftrain.compat import keras_internals
 from tftrain.data import fit_checks, inputs
 from tftrain.engine import strategy_checks
 from tftrain.model import CustomModel
+from tftrain.options import check_jit_compile
 
 _DEFAULT_MODEL_STEPS = {
     "train_step": (keras.Model.train_step, CustomModel.train_step),
@@ -88,6 +89,44 @@ def build_variables(
         elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
     strategy_checks.check_model_in_scope(model, strategy)
+
+
+def resolve_jit_compile(
+    jit_compile: bool | str,
+    model: keras.Model,
+    strategy: tf.distribute.Strategy,
+    *,
+    use_tf_function: bool,
+) -> bool:
+    """The Trainer's `jit_compile` as a bool: `"auto"` resolved as `model.compile(jit_compile="auto")` resolves it.
+
+    `"auto"` is off for an eager Trainer (`use_tf_function=False`, as
+    `compile(run_eagerly=True)`), off under a `tf.distribute` strategy other
+    than the default (the Trainer's, or the model's), and otherwise what
+    Keras's own resolution gives for `model`: off on a machine without a GPU
+    or TPU, off where a layer does not support XLA or op determinism is on.
+    A Trainer subclass's own `train_step` is not inspected (Keras inspects
+    the model's layers only).
+
+    Args:
+        jit_compile: True, False or `"auto"`.
+        model: The model whose layers decide `"auto"`.
+        strategy: The strategy the steps run under.
+        use_tf_function: Whether the steps run in `tf.function`.
+
+    Returns:
+        Whether the steps are compiled with XLA.
+
+    Raises:
+        ValueError: `jit_compile` is not True, False or `"auto"`.
+    """
+    jit_compile = check_jit_compile(jit_compile)
+    if jit_compile != "auto":
+        return jit_compile
+    default_strategy = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    if not use_tf_function or not default_strategy:
+        return False
+    return keras_internals.resolve_auto_jit_compile(model)
 
 
 def prepare_model(

@@ -115,6 +115,16 @@ class Engines:
             return 1
         return self.auto_steps.setdefault(kind, StepsPerCall("auto"))
 
+    def train_engine_name(self, callback_list: keras.callbacks.CallbackList) -> str:
+        """The name of the training engine a `fit` with these callbacks ran (`EngineOptions.ran_name`).
+
+        XLA as resolved, and with `steps_per_loop="auto"` the steps per call
+        it ran: the k it chose, or 1 where callbacks implement batch hooks or
+        several workers train; e.g. `"xla+loop4"`, `"graph+loop20 (auto)"`.
+        """
+        steps = self.steps_per_call("train", callback_list)
+        return self.options.ran_name(steps.chosen if isinstance(steps, StepsPerCall) else steps)
+
     @property
     def chosen_steps_per_loop(self) -> int | None:
         """The training steps per call that `"auto"` chose (None before it chose, or without "auto")."""

@@ -41,6 +41,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     timer = timing.StepTimer()
     measured = timer if owner.measure_timing else None
     step_history: dict[str, list[Any]] = {}
+    engine_name = None
 
     def validate() -> dict[str, Any]:  # a validation every N steps; `callback_list` is made below
         return inference.validate_mid_epoch(owner, call.validation_plan, callback_list)
@@ -84,6 +85,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             training_logs = _train_epoch(owner, call, run, callback_list, epoch, measured, train_loop)
             if model.stop_training or run.finished:
                 break
+        engine_name = engines.train_engine_name(callback_list)  # after "auto" chose
         optimizer = getattr(model, "optimizer", None)
         if isinstance(optimizer, keras.optimizers.Optimizer) and call.epochs > 0:
             optimizer.finalize_variable_values(model.trainable_weights)  # e.g. EMA weights
@@ -95,9 +97,9 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             call.plan.close()
             if call.validation_plan is not None:
                 call.validation_plan.close()
-    report = timer.report(run.trace_count())
+    report = timer.report(run.trace_count(), engine=engine_name)
     if call.verbose != 0 and owner.measure_timing:
-        print(f"tftrain timing ({engines.options.name}):\n{report.summary()}")
+        print(f"tftrain timing:\n{report.summary()}")
     return model.history, report
 
 
