@@ -168,6 +168,33 @@ def test_bad_recipes_are_clear_errors_from_main_before_any_data():
     assert resolved("--recipe=cpu_demo", "--dataset=shapes").config.dataset == "shapes"
 
 
+def test_use_gpu_or_num_cpu_devices_given_turns_the_reference_default_use_tpu_off():
+    assert resolved("--dataset=cifar10").config.use_tpu  # the reference's default
+    for flag in ("--use_gpu", "--num_cpu_devices=2"):
+        result = resolved("--dataset=cifar10", flag)
+        assert result.recipe == "reference" and not result.config.use_tpu
+        assert result.sources["use_tpu"] == f"off: {flag.split('=')[0]} given"
+    assert not resolved("--dataset=cifar10", "--use_gpu", "--use_tpu=False").config.use_tpu
+    assert resolved("--dataset=cifar10", "--nouse_gpu").config.use_tpu  # only a device asked for wins
+    for argv, message in [
+        (["--use_gpu", "--use_tpu=True"], "--use_gpu and --use_tpu=True contradict"),
+        (["--num_cpu_devices=2", "--use_tpu"], "--num_cpu_devices splits the CPU"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            resolved("--dataset=cifar10", *argv)
+
+
+def test_the_use_gpu_command_starts_on_a_cpu_machine_with_a_no_gpu_warning(tmp_path):
+    values = {k: v for k, v in TINY.items() if k not in ("use_gpu", "use_tpu")}
+    flags = [f"--{key}={value}" for key, value in values.items()]
+    completed = test_simclr_program.run_program(
+        "--use_gpu", *flags, "--train_steps=1", f"--model_dir={tmp_path}"
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "use_gpu=True but TensorFlow sees no GPU, so training runs on the CPU" in completed.stderr
+    assert (tmp_path / "result.json").exists()
+
+
 def test_the_resolved_configuration_is_printed_at_start():
     flags = test_simclr_program.tiny_flags(num_cpu_devices=2, train_batch_size=15, train_steps=1)
     completed = test_simclr_program.run_program("--recipe=cpu_demo", *flags)

@@ -83,7 +83,7 @@ def test_train_steps_win_over_epochs():
     "overrides, message",
     [
         (dict(dataset="imagenet"), "Known datasets: cifar10, .*shapes, synthetic"),
-        (dict(use_gpu=True, use_tpu=True), "--use_gpu and --use_tpu contradict"),
+        (dict(use_gpu=True, use_tpu=True), "--use_gpu and --use_tpu=True contradict"),
         (dict(image_size=8), "--image_size=8 is too small"),
         (dict(mode="eval"), "--mode=eval needs --model_dir"),
         (dict(train_batch_size=0), "--train_batch_size=0"),

@@ -184,13 +184,13 @@ _ZERO_MEANS = {
 def _check_devices(config: Config) -> None:
     if config.use_gpu and config.use_tpu:
         raise ValueError(
-            "--use_gpu and --use_tpu contradict each other: pass one of them (the reference's --use_tpu "
-            "defaults to True: pass --use_tpu=False to train on GPUs)."
+            "--use_gpu and --use_tpu=True contradict each other: pass one of them (--use_gpu alone "
+            "turns the reference's default --use_tpu=True off)."
         )
     if config.num_cpu_devices is not None and (config.use_gpu or config.use_tpu):
         raise ValueError(
-            "--num_cpu_devices splits the CPU; it cannot be combined with --use_gpu or --use_tpu "
-            "(pass --use_tpu=False)."
+            "--num_cpu_devices splits the CPU; it cannot be combined with --use_gpu or --use_tpu=True "
+            "(--num_cpu_devices alone turns the reference's default --use_tpu=True off)."
         )
     for name in ("tpu_zone", "gcp_project"):
         if getattr(config, name) is not None:
@@ -356,4 +356,19 @@ def resolve(command_line: Mapping[str, Any], recipe: str | None = None) -> Resol
             sources[field] = f"recipe {name}"
         else:
             sources[field] = "reference default" if field in REFERENCE_FLAGS else "tftrain default"
-    return Resolved(Config(**{**chosen.values, **command_line}), name, sources)
+    values = {**chosen.values, **command_line}
+    device_flag = _device_flag_given(command_line)
+    if device_flag is not None and "use_tpu" not in command_line:
+        # A device the user asked for wins over the reference's --use_tpu=True they did not give.
+        values["use_tpu"] = False
+        sources["use_tpu"] = f"off: {device_flag} given"
+    return Resolved(Config(**values), name, sources)
+
+
+def _device_flag_given(command_line: Mapping[str, Any]) -> str | None:
+    """The command line's own device choice (`--use_gpu`, `--num_cpu_devices`), if any."""
+    if command_line.get("use_gpu"):
+        return "--use_gpu"
+    if command_line.get("num_cpu_devices") is not None:
+        return "--num_cpu_devices"
+    return None
