@@ -26,9 +26,19 @@ from pathlib import Path
 
 import fetch
 
-# Tests that pass under Keras and not through the Trainer, by node id, with the reason
-# (docs/trainer.md's "Differences from model.fit" has the same rows). At most three.
-KNOWN_DIFFERENCES: dict[str, str] = {}
+# Tests that may pass under Keras and not through the Trainer, by node id, with the reason
+# (docs/trainer.md's "Deliberate differences from model.fit" has the same rows). At most three.
+KNOWN_DIFFERENCES: dict[str, str] = {
+    "callbacks/tensorboard_test.py::TestTensorBoardV2::test_TensorBoard_weight_images": (
+        "the NaN guard (docs/trainer.md's first row): with about one initialisation in four "
+        "(5 of seeds 0-19, Keras 3.7.0 and 3.15.1 alike) its Conv2D on all-ones images diverges "
+        "to a NaN loss, which fit trains on and the Trainer stops at"
+    ),
+}
+# The error each listed difference shows as: a listed test failing any other way is unexplained.
+KNOWN_DIFFERENCE_ERRORS: dict[str, str] = {
+    "callbacks/tensorboard_test.py::TestTensorBoardV2::test_TensorBoard_weight_images": "NonFiniteLossError",
+}
 
 _HERE = Path(__file__).resolve().parent
 
@@ -62,8 +72,8 @@ def summarize(through_trainer: dict, under_keras: dict, full_baseline: bool) -> 
     """Returns the unexplained failures and a report of the counts."""
     failed = sorted(node for node, entry in through_trainer.items() if entry["outcome"] == "failed")
     regressions = [node for node in failed if under_keras.get(node, {}).get("outcome") == "passed"]
-    listed = [node for node in regressions if node in KNOWN_DIFFERENCES]
-    unexplained = [node for node in regressions if node not in KNOWN_DIFFERENCES]
+    listed = [node for node in regressions if _is_listed(node, through_trainer[node])]
+    unexplained = [node for node in regressions if node not in listed]
     passed = [node for node, entry in through_trainer.items() if entry["outcome"] == "passed"]
     routed = [node for node, entry in through_trainer.items() if entry["routed"]]
     lines = [
@@ -84,6 +94,11 @@ def summarize(through_trainer: dict, under_keras: dict, full_baseline: bool) -> 
     for node in sorted(set(KNOWN_DIFFERENCES) - set(listed)):
         lines.append(f"  (listed, but not a failure here: {node})")
     return unexplained, "\n".join(lines)
+
+
+def _is_listed(node: str, outcome: dict) -> bool:
+    """Whether a failure is a listed difference, failing as listed."""
+    return node in KNOWN_DIFFERENCES and KNOWN_DIFFERENCE_ERRORS.get(node, "") in outcome.get("error", "")
 
 
 def _installed_keras() -> str:

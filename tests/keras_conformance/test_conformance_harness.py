@@ -110,3 +110,15 @@ def test_a_failure_counts_only_where_keras_itself_passes():
 def test_known_differences_are_at_most_three_each_with_a_reason():
     assert len(run.KNOWN_DIFFERENCES) <= 3
     assert all(reason.strip() for reason in run.KNOWN_DIFFERENCES.values())
+    assert set(run.KNOWN_DIFFERENCE_ERRORS) <= set(run.KNOWN_DIFFERENCES)
+
+
+def test_a_listed_difference_counts_only_when_it_fails_as_listed():
+    node = next(iter(run.KNOWN_DIFFERENCE_ERRORS))
+    expected_error = run.KNOWN_DIFFERENCE_ERRORS[node]
+    under_keras = {node: {"outcome": "passed"}}
+    for error, is_listed in ((f"nan_guard.py:67: {expected_error}", True), ("AssertionError: 1 != 2", False)):
+        through_trainer = {node: {"outcome": "failed", "routed": 1, "error": error}}
+        unexplained, report = run.summarize(through_trainer, under_keras, full_baseline=False)
+        assert unexplained == ([] if is_listed else [node])
+        assert f"listed differences: {int(is_listed)}" in report
