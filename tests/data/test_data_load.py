@@ -129,12 +129,14 @@ def test_tfds_split_names_passed_to_tfds(tmp_path):
 # ---------------------------------------------------------------- bad arguments
 
 
-def test_unknown_name_lists_the_known_names():
+def test_unknown_name_suggests_close_tfds_names():
     with pytest.raises(ValueError, match="Invalid value for argument `name`") as error:
         data.load("imagenet")
-    for name in [*TFDS_NAMES, "shapes", "synthetic"]:
-        assert name in str(error.value)
-    with pytest.raises(ValueError, match="`name`"):
+    message = str(error.value)
+    assert "name='imagenet'" in message and "tfds.list_builders()" in message
+    assert "Did you mean" in message and "'imagenet2012'" in message
+    assert "'shapes' or 'synthetic'" in message and "Traceback" not in message
+    with pytest.raises(ValueError, match="`name`.*'cifar10'"):
         data.info("cifar")
 
 

@@ -22,11 +22,17 @@ import tensorflow as tf
 
 from tftrain.data.catalog import (
     DEFAULT_IMAGE_SIZE,
+    GENERATED_DATASETS,
     KNOWN_DATASETS,
     PUBLISHED_SPLIT_SIZES,
     SHAPES_CLASS_NAMES,
+    SPLIT_ALIASES,
     SPLITS,
     DatasetInfo,
+    SplitSizes,
+    UnknownSplitError,
+    check_known_split,
+    split_error,
 )
 from tftrain.errors import DatasetUnavailableError
 from tftrain.options import check_int
@@ -38,27 +44,49 @@ __all__ = [
     "PUBLISHED_SPLIT_SIZES",
     "SHAPES_CLASS_NAMES",
     "SPLITS",
+    "SPLIT_ALIASES",
     "DatasetInfo",
     "DatasetUnavailableError",
+    "SplitSizes",
+    "UnknownSplitError",
+    "check_name",
     "info",
     "load",
 ]
 
-GENERATED_DATASETS = ("shapes", "synthetic")
-"""Datasets made on this machine, with no download (`load("shapes")`, `load("synthetic")`)."""
+
+def _check_name_type(name: object) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            f"Invalid value for argument `name`. Received: name={name!r}. Expected a dataset name: "
+            f"{' or '.join(map(repr, GENERATED_DATASETS))} (generated offline), or a "
+            "tensorflow-datasets name such as 'cifar10' or 'imagenet2012_subset/1pct'."
+        )
 
 
-def _check_name_and_split(name: str, split: str | None = None) -> None:
-    if name not in SPLITS:
-        raise ValueError(
-            f"Invalid value for argument `name`. Received: name={name!r}. Expected one of "
-            f"{', '.join(KNOWN_DATASETS)} (shapes and synthetic are generated offline)."
-        )
-    if split is not None and split not in SPLITS[name]:
-        raise ValueError(
-            f"Invalid value for argument `split`. Received: split={split!r} for dataset "
-            f"{name!r}. Expected one of {', '.join(SPLITS[name])}."
-        )
+def check_name(name: str, *, data_dir: str | None = None) -> None:
+    """Checks that `load` knows the dataset `name`, without reading it.
+
+    The generated datasets and `KNOWN_DATASETS` pass at once, without
+    importing tensorflow-datasets. Any other name is looked up in
+    tensorflow-datasets' registry (`tfds.list_builders()`, with its config:
+    "imagenet2012_subset/1pct"), or else must be a dataset prepared in
+    `data_dir`, as `tfds.builder` finds them.
+
+    Args:
+        name: A dataset name, as for `load`.
+        data_dir: tensorflow-datasets data directory, as for `load`.
+
+    Raises:
+        ValueError: tensorflow-datasets does not know the name (the message
+            suggests close names), or its config or version.
+    """
+    _check_name_type(name)
+    if name in KNOWN_DATASETS:
+        return
+    from tftrain.data import tfds_loading  # imports tensorflow_datasets
+
+    tfds_loading.check_tfds_name(name, data_dir=data_dir)
 
 
 def load(
@@ -73,18 +101,23 @@ def load(
 ) -> tf.data.Dataset:
     """Loads a named image classification dataset as unbatched `(image, label)` pairs.
 
-    tensorflow-datasets names ("cifar10", "cifar100", "stl10",
-    "fashion_mnist", "mnist", "imagenet2012") are read from `data_dir`, and
-    downloaded and prepared there first if they are missing and the download
+    Any tensorflow-datasets name of an image classification dataset (an
+    "image" and a class "label" feature) is read from `data_dir`, as
+    google-research/simclr reads `--dataset`: "cifar10", "imagenet2012",
+    with a config "imagenet2012_subset/1pct", with a version "cifar10:3.0.2".
+    A dataset missing there is downloaded and prepared first if its download
     servers can be reached. "shapes" (a learnable set of drawn shapes) and
     "synthetic" (random data, for timing) are generated here, with no files.
 
     Args:
-        name: One of `KNOWN_DATASETS`.
-        split: "train" or "test"; stl10 also has "unlabelled" (label -1).
-            imagenet2012 has "train" and "validation"; its "test" reads
-            "validation" (tensorflow-datasets' imagenet2012 "test" split has
-            no labels).
+        name: A tensorflow-datasets name, or "shapes" or "synthetic".
+        split: For tensorflow-datasets, any split string the dataset reads:
+            a split name ("train", "test"; stl10's "unlabelled" has label -1)
+            or a slice or sum of splits ("train[:10%]", "train[1000:]",
+            "train+test"; https://www.tensorflow.org/datasets/splits).
+            imagenet2012's "test" reads "validation" (tensorflow-datasets'
+            imagenet2012 "test" split has no labels), also in slices. The
+            generated datasets have "train" and "test" only.
         data_dir: tensorflow-datasets data directory (default: its own,
             ~/tensorflow_datasets). Ignored by the generated datasets.
         image_size: Resize tfds images to `(image_size, image_size)`
@@ -92,7 +125,9 @@ def load(
             None keeps their size. Size of the generated images (default 32;
             "shapes" needs at least 16).
         num_examples: Read only the first `num_examples` examples of the
-            split (generated datasets: generate that many). None: all.
+            split, also of a sliced one ("train[10%:]" with 100: the first
+            100 of that slice). Generated datasets: generate that many.
+            None: all.
         manual_dir: imagenet2012 only: the directory holding
             ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar (default:
             `<data_dir>/downloads/manual`).
@@ -104,12 +139,18 @@ def load(
         fashion_mnist, 3 otherwise) and int64 scalar labels.
 
     Raises:
-        ValueError: an unknown name or split, or a bad size or count.
+        ValueError: an unknown name (close names suggested), a dataset that
+            is not image classification, or a bad size or count.
+        UnknownSplitError: a split the dataset does not have, or a split
+            string tensorflow-datasets cannot read (a `ValueError`); the
+            message names the dataset's splits.
         DatasetUnavailableError: a tfds dataset is not in `data_dir` and
-            could not be downloaded (no network); the message says what to
-            do instead.
+            could not be downloaded (no network); the message says how to
+            prepare it.
     """
-    _check_name_and_split(name, split)
+    check_name(name, data_dir=data_dir)
+    if name in GENERATED_DATASETS:
+        check_known_split(name, split)
     check_int("image_size", image_size, optional=True)
     check_int("num_examples", num_examples, optional=True)
     if name in GENERATED_DATASETS:
@@ -138,30 +179,42 @@ def info(name: str, *, data_dir: str | None = None, image_size: int | None = Non
     For tensorflow-datasets names, classes and image shape come from the
     dataset's definition in the installed tensorflow-datasets, which works
     offline. Split sizes come from the prepared dataset in `data_dir` when
-    it is there, otherwise from the sizes tensorflow-datasets publishes for
-    the version it defines (see docs/data.md).
+    it is there (`builder.info.splits`), otherwise, for `KNOWN_DATASETS`,
+    from the sizes tensorflow-datasets publishes for the version it defines
+    (see docs/data.md). `splits` also answers for split strings:
+    `info("cifar10").splits["train[:10%]"]` is 5000.
 
     Args:
-        name: One of `KNOWN_DATASETS`.
+        name: A dataset name, as for `load`.
         data_dir: tensorflow-datasets data directory, as for `load`.
         image_size: As for `load`: the image shape reported is the one `load`
             gives with this `image_size`.
 
     Returns:
         A `DatasetInfo`. For the generated datasets, `splits` holds their
-        default sizes.
+        default sizes. Looking up a split the dataset does not have raises
+        `UnknownSplitError`; looking up a split of a dataset that is not
+        prepared and whose sizes tftrain does not know raises
+        `DatasetUnavailableError`, saying how to prepare it.
 
     Raises:
-        ValueError: an unknown name or a bad `image_size`.
+        ValueError: an unknown name, a dataset that is not image
+            classification, or a bad `image_size`.
     """
-    _check_name_and_split(name)
+    check_name(name, data_dir=data_dir)
     check_int("image_size", image_size, optional=True)
     if name in GENERATED_DATASETS:
         from tftrain.data import shapes
 
         size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
         num_classes = len(shapes.CLASS_NAMES) if name == "shapes" else 10
-        return DatasetInfo(name, num_classes, (size, size, 3), dict(shapes.DEFAULT_NUM_EXAMPLES))
+        sizes = SplitSizes(shapes.DEFAULT_NUM_EXAMPLES, lambda split: _generated_split(name, split))
+        return DatasetInfo(name, num_classes, (size, size, 3), sizes)
     from tftrain.data import tfds_loading  # imports tensorflow_datasets
 
     return tfds_loading.tfds_info(name, data_dir=data_dir, image_size=image_size)
+
+
+def _generated_split(name: str, split: str) -> int:
+    """`SplitSizes` lookup of a generated dataset's split it does not hold: always an error."""
+    raise split_error(name, split, SPLITS[name])

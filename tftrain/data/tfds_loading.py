@@ -8,6 +8,8 @@ network) before it gives up.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
 import socket
 import textwrap
@@ -17,13 +19,26 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tftrain.data.catalog import PUBLISHED_SPLIT_SIZES, SPLITS, DatasetInfo
+from tftrain.data.catalog import (
+    GENERATED_DATASETS,
+    KNOWN_DATASETS,
+    PUBLISHED_SPLIT_SIZES,
+    SPLIT_ALIASES,
+    DatasetInfo,
+    SplitSizes,
+    alias_split,
+    base_name,
+    check_known_split,
+    is_plain_split,
+    split_error,
+    split_names,
+)
 from tftrain.errors import DatasetUnavailableError
 
 CONNECT_TIMEOUT_S = 5.0
 """Seconds to wait for a download server to accept a connection."""
 
-_SPLIT_ALIASES = {"imagenet2012": {"test": "validation"}}
+_SPLIT_ALIASES = SPLIT_ALIASES  # the name this module used before `catalog.SPLIT_ALIASES`
 
 
 def _tfds():
@@ -32,8 +47,133 @@ def _tfds():
     return tfds
 
 
+def _registered_names() -> list[str]:
+    return list(_tfds().list_builders(with_community_datasets=False))
+
+
+def _unknown_name(name: str, data_dir: str | None) -> ValueError:
+    wanted = base_name(name).lower()
+    known = [known for known in KNOWN_DATASETS if known not in GENERATED_DATASETS]
+    close = [known for known in known if known.startswith(wanted) or wanted.startswith(known)]
+    close += difflib.get_close_matches(wanted, _registered_names(), n=5, cutoff=0.6)
+    close = list(dict.fromkeys(close))[:6]
+    suggestion = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    where = f"data_dir={data_dir}" if data_dir else "the default data_dir"
+    return ValueError(
+        f"Invalid value for argument `name`. Received: name={name!r}, which is neither a "
+        f"tensorflow-datasets name (tfds.list_builders()) nor a dataset prepared in {where}.{suggestion} "
+        "Expected a tensorflow-datasets name, optionally with a config and version "
+        "('imagenet2012_subset/1pct', 'cifar10:3.0.2'), or 'shapes' or 'synthetic' (generated offline)."
+    )
+
+
 def _builder(name: str, data_dir: str | None):
-    return _tfds().builder(name, data_dir=data_dir)
+    """`tfds.builder(name, data_dir=data_dir)`, with a clear `ValueError` for a name it does not know."""
+    tfds = _tfds()
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise _unknown_name(name, data_dir) from None
+    except (ValueError, AssertionError) as error:  # an unknown config or version of a known name
+        expected = ""
+        try:
+            configs = [config.name for config in tfds.builder_cls(base_name(name)).BUILDER_CONFIGS]
+        except Exception:  # not a registered name: tfds's own words must do
+            configs = []
+        if configs:
+            expected = f" Its configs: {', '.join(configs)} (e.g. '{base_name(name)}/{configs[0]}')."
+        raise ValueError(
+            f"Invalid value for argument `name`. Received: name={name!r}. tensorflow-datasets cannot "
+            f"build it: {_one_line(error)}.{expected}"
+        ) from None
+
+
+def check_tfds_name(name: str, *, data_dir: str | None) -> None:
+    """`tftrain.data.check_name` for a tensorflow-datasets name: raises `ValueError` if tfds cannot build it."""
+    _check_image_classification(_builder(name, data_dir), name)
+
+
+def _check_image_classification(builder, name: str) -> None:
+    features = builder.info.features
+    keys = list(features.keys()) if hasattr(features, "keys") else []
+    label = features["label"] if "label" in keys else None
+    if "image" not in keys or not hasattr(label, "num_classes"):
+        raise ValueError(
+            f"Invalid value for argument `name`. Received: name={name!r}, a dataset with features "
+            f"{keys}. tftrain.data reads image classification datasets: expected an 'image' feature "
+            "and a class 'label' feature, as cifar10 or imagenet2012 have."
+        )
+
+
+def _not_prepared(builder, name: str, split: str) -> DatasetUnavailableError:
+    root = os.fspath(builder.data_dir_root)
+    return DatasetUnavailableError(
+        f"Dataset {name!r} is not prepared in data_dir={root}, so the size of its split {split!r} is "
+        f"not known. Prepare it first: tftrain.data.load({name!r}, data_dir=DIR) downloads and "
+        "prepares it where its download servers can be reached (manual downloads, such as "
+        "imagenet2012's, go in manual_dir). " + _offline_advice(name),
+        name=name,
+        data_dir=root,
+    )
+
+
+def _available_splits(name: str, split_dict) -> list[str]:
+    available = list(split_dict)
+    for alias, target in SPLIT_ALIASES.get(base_name(name), {}).items():
+        if target in available and alias not in available:
+            available.append(alias)
+    return available
+
+
+def _split_error(name: str, split: object, split_dict, error: BaseException | None = None):
+    available = _available_splits(name, split_dict or {})
+    if not isinstance(split, str):
+        return split_error(name, split, available, "Expected a string")
+    missing = [piece for piece in split_names(alias_split(name, split)) if piece not in available]
+    if missing and available:
+        reason = f"It has no split {', '.join(map(repr, missing))}"
+    elif error is not None:
+        reason = f"tensorflow-datasets cannot read it: {str(error).strip().splitlines()[-1]}"
+    else:
+        reason = ""
+    return split_error(name, split, available, reason)
+
+
+def _split_count(name: str, split_dict, builder_for_errors, split: str) -> int:
+    """Examples in `split` (any split string), as tensorflow-datasets counts them."""
+    if not split_dict:
+        raise _not_prepared(builder_for_errors, name, split)
+    if not isinstance(split, str):
+        raise _split_error(name, split, split_dict)
+    try:
+        return int(split_dict[alias_split(name, split)].num_examples)
+    except (KeyError, ValueError) as error:
+        raise _split_error(name, split, split_dict, error) from None
+
+
+def _check_split_syntax(name: str, split: str) -> None:
+    """Checks a split string before the dataset's own splits are known (it is not prepared)."""
+    check_known_split(name, split)
+    if not isinstance(split, str):
+        raise _split_error(name, split, None)
+    try:
+        _tfds().core.ReadInstruction.from_spec(alias_split(name, split))
+    except (ValueError, AssertionError) as error:
+        raise _split_error(name, split, None, error) from None
+
+
+def _published_split_dict(name: str):
+    """A tfds `SplitDict` of the published sizes of `name`'s splits (no files behind it)."""
+    tfds = _tfds()
+    infos = []
+    for split, count in PUBLISHED_SPLIT_SIZES[name].items():
+        template = tfds.core.ShardedFileTemplate(
+            data_dir="/published", dataset_name=name, split=split, filetype_suffix="tfrecord"
+        )
+        infos.append(
+            tfds.core.SplitInfo(name=split, shard_lengths=[count], num_bytes=0, filename_template=template)
+        )
+    return tfds.core.SplitDict(infos)
 
 
 def _offline_advice(name: str) -> str:
@@ -131,14 +271,27 @@ def load_tfds(
     manual_dir: str | None,
     shuffle_files: bool,
 ) -> tf.data.Dataset:
-    """`tftrain.data.load` for a tensorflow-datasets name; arguments already validated there."""
-    tfds_split = _SPLIT_ALIASES.get(name, {}).get(split, split)
-    if num_examples is not None:
-        tfds_split = f"{tfds_split}[:{num_examples}]"
+    """`tftrain.data.load` for a tensorflow-datasets name; its other arguments validated there.
+
+    The split is checked against the dataset's splits where they are known
+    (it is prepared), else its syntax and, for `KNOWN_DATASETS`, its split
+    names; once a missing dataset is prepared, against its splits.
+    """
     builder = _builder(name, data_dir)
+    _check_image_classification(builder, name)
+    if builder.info.splits:
+        _split_count(name, builder.info.splits, builder, split)
+    else:
+        _check_split_syntax(name, split)
+    tfds_split = alias_split(name, split)
+    if num_examples is not None and is_plain_split(tfds_split):
+        tfds_split = f"{tfds_split}[:{num_examples}]"  # reads only the files it needs
+    # A slice or sum ("train[10%:]", "train+test") is read whole and cut by `take` below.
 
     def read() -> tf.data.Dataset:
-        return builder.as_dataset(split=tfds_split, as_supervised=True, shuffle_files=shuffle_files)
+        examples = builder.as_dataset(split=tfds_split, shuffle_files=shuffle_files)
+        # What `as_supervised=True` gives for cifar10 or imagenet2012; also without supervised keys.
+        return examples.map(lambda example: (example["image"], example["label"]))
 
     try:
         dataset = read()
@@ -146,6 +299,8 @@ def load_tfds(
         if builder.is_prepared():
             raise
         _download_and_prepare(builder, name, manual_dir)
+        if builder.info.splits:
+            _split_count(name, builder.info.splits, builder, split)
         dataset = read()
     if num_examples is not None:
         dataset = dataset.take(num_examples)
@@ -158,24 +313,29 @@ def load_tfds(
 
 
 def tfds_info(name: str, *, data_dir: str | None, image_size: int | None) -> DatasetInfo:
-    """`tftrain.data.info` for a tensorflow-datasets name; arguments already validated there."""
+    """`tftrain.data.info` for a tensorflow-datasets name; arguments already validated there.
+
+    Split sizes: `builder.info.splits` of the prepared dataset, else the
+    published ones (`PUBLISHED_SPLIT_SIZES`), else none (looking one up
+    raises `DatasetUnavailableError`).
+    """
     builder = _builder(name, data_dir)
+    _check_image_classification(builder, name)
     features = builder.info.features
     height, width, channels = features["image"].shape
     if image_size is not None:
         height = width = image_size
-    if builder.is_prepared():
-        sizes = {split: info.num_examples for split, info in builder.info.splits.items()}
+    if builder.info.splits:
+        split_dict = builder.info.splits
+    elif name in PUBLISHED_SPLIT_SIZES:
+        split_dict = _published_split_dict(name)
     else:
-        sizes = PUBLISHED_SPLIT_SIZES[name]
-    splits = {}
-    for split in SPLITS[name]:
-        source = _SPLIT_ALIASES.get(name, {}).get(split, split)
-        if source in sizes:
-            splits[split] = int(sizes[source])
+        split_dict = None
+    count = functools.partial(_split_count, name, split_dict, builder)
+    sizes = {split: count(split) for split in _available_splits(name, split_dict or {})}
     return DatasetInfo(
         name=name,
         num_classes=int(features["label"].num_classes),
         image_shape=(height, width, int(channels)),
-        splits=splits,
+        splits=SplitSizes(sizes, count),
     )

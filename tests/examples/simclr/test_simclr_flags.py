@@ -304,3 +304,64 @@ def test_keep_hub_module_max_keeps_the_newest_encoder_exports(tmp_path):
 def test_tpu_zone_is_refused_clearly():
     with pytest.raises(ValueError, match="--tpu_zone=us-central1-b is not supported"):
         experiment.Config(**{**TINY, "use_tpu": True, "tpu_zone": "us-central1-b"})
+
+
+# ------------------------------------------------ datasets and splits: any tfds name and split string
+
+
+def test_any_tfds_name_and_split_string_resolve_as_the_reference_takes_them():
+    config = resolved(
+        "--dataset=imagenet2012_subset/1pct", "--train_split=train[:10%]", "--eval_split=validation[50%:]"
+    ).config
+    assert (config.dataset, config.train_split, config.eval_split) == (
+        "imagenet2012_subset/1pct",
+        "train[:10%]",
+        "validation[50%:]",
+    )
+    # experiment.run's example count of a sliced split, as the reference's builder.info.splits[split].
+    from tftrain import data as data_lib
+
+    assert data_lib.info("cifar10").splits["train[:10%]"] == 5_000
+
+
+def test_an_unknown_dataset_suggests_close_names_and_lists_the_known_ones():
+    with pytest.raises(ValueError) as error:
+        tiny(dataset="imagenet")
+    message = str(error.value)
+    assert message.startswith("Unknown --dataset='imagenet'.") and "Did you mean 'imagenet2012'" in message
+    assert "Known datasets: cifar10" in message and "any tensorflow-datasets image classification" in message
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(eval_split="validation"), "--eval_split='validation' is not a split of --dataset=shapes"),
+        (dict(train_split="train[:10%]"), "no slices: --num_train_examples reads fewer"),
+    ],
+)
+def test_generated_datasets_keep_their_fixed_splits(overrides, message):
+    with pytest.raises(ValueError, match=message.replace("[", "\\[")):
+        tiny(**overrides)
+
+
+def test_resolving_generated_dataset_flags_does_not_import_tensorflow_datasets():
+    code = (
+        "import sys\n"
+        "from tftrain.examples.simclr import main\n"
+        "main.FLAGS(['simclr', '--train_split=train', '--eval_split=test'])\n"
+        "assert main.resolve_flags().config.dataset == 'shapes'\n"
+        "assert 'tensorflow_datasets' not in sys.modules, 'imported at flag resolution'\n"
+    )
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def test_an_eval_split_the_dataset_lacks_fails_before_any_training_step(tmp_path):
+    from tftrain import data as data_lib
+
+    config = tiny(dataset="cifar10", eval_split="validation", mode="train_then_eval", model_dir=str(tmp_path))
+    with pytest.raises(data_lib.UnknownSplitError, match="validation"):
+        experiment.run(config)
+    assert not (tmp_path / "checkpoints").exists() and not list(tmp_path.glob("*.json"))

@@ -142,6 +142,83 @@ def test_the_training_iterator_checkpoints_symbolically_and_resumes_the_exact_st
         np.testing.assert_array_equal(next(resumed)[0].numpy(), want)
 
 
+@pytest.mark.parametrize("count, buffer_size", [(60, 8), (60, 59), (60, 60), (60, 200), (1, 4)])
+def test_the_windowed_permutation_draws_each_element_from_a_buffer_of_the_next_ones(count, buffer_size):
+    order = pipeline.windowed_permutation(count, buffer_size, augment.seed_for(7, 0)).numpy()
+    assert order.dtype == np.int64 and sorted(order) == list(range(count))
+    # Replays a shuffle buffer of `buffer_size`: every element given out must be in it.
+    buffer, unread = set(range(min(buffer_size, count))), min(buffer_size, count)
+    for element in order:
+        assert element in buffer
+        buffer.remove(element)
+        if unread < count:
+            buffer.add(unread)
+            unread += 1
+    again = pipeline.windowed_permutation(count, buffer_size, augment.seed_for(7, 0)).numpy()
+    np.testing.assert_array_equal(order, again)
+    if count > 1:
+        other = pipeline.windowed_permutation(count, buffer_size, augment.seed_for(7, 1)).numpy()
+        assert not np.array_equal(order, other)
+
+
+def test_the_windowed_permutation_draws_uniformly_from_the_buffer():
+    # A 6-element buffer over 30 elements, 600 seeds: the first draw is any of the first 6 alike, and
+    # the last element, read at the 24th draw, leaves (with the drained buffer) at any of the last 6 alike.
+    orders = np.stack(
+        [pipeline.windowed_permutation(30, 6, augment.seed_for(0, i)).numpy() for i in range(600)]
+    )
+    last_out = np.argmax(orders == 29, axis=1) - 24
+    assert last_out.min() >= 0
+    for counts in (np.bincount(orders[:, 0], minlength=6), np.bincount(last_out, minlength=6)):
+        assert len(counts) == 6 and counts.min() > 60 and counts.max() < 140  # 100 expected, sd ~9
+
+
+# Buffers of 200 images at 32 px (the whole split, as the demo's) and 40 at 40 px (a window of it).
+@pytest.mark.parametrize("name, image_size", [("shapes", 32), ("shapes", 40), ("synthetic", 32)])
+def test_a_generated_dataset_s_checkpoint_holds_positions_not_images(tmp_path, name, image_size):
+    count, batch_size = 60, 4
+
+    def dataset():
+        built = pipeline.build_dataset(
+            name,
+            "train",
+            batch_size=batch_size,
+            image_size=image_size,
+            num_examples=count,
+            is_training=True,
+            repeat=True,
+            seed=3,
+        )
+        return data_position.prepare(built, None)
+
+    mode, prepared = dataset()
+    assert mode == data_position.SYMBOLIC
+    expected = [labels.numpy() for _, labels in prepared.take(30)]
+    # Each pass gives every example once, in a new order.
+    first, second = np.concatenate(expected[:15]), np.concatenate(expected[15:])
+    source = np.array(
+        [label for _, label in data_lib.load(name, "train", image_size=image_size, num_examples=count)]
+    )
+    np.testing.assert_array_equal(np.sort(first), np.sort(source))
+    np.testing.assert_array_equal(np.sort(second), np.sort(source))
+    assert not np.array_equal(first, second)
+
+    iterator = iter(prepared)
+    for _ in range(20):  # into the second pass
+        next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "data"))
+    saved = sum(file.stat().st_size for file in tmp_path.iterdir() if file.name.startswith("data"))
+    # A shuffle buffer of images would hold min(buffer, count) images; positions are a fraction of one batch.
+    batch_bytes = batch_size * image_size * image_size * 3
+    assert (
+        saved < batch_bytes < min(pipeline.shuffle_buffer_size(batch_size, image_size), count) * batch_bytes
+    )
+    resumed = iter(dataset()[1])
+    tf.train.Checkpoint(iterator=resumed).read(path).assert_consumed()
+    for want in expected[20:]:
+        np.testing.assert_array_equal(next(resumed)[1].numpy(), want)
+
+
 def test_no_cache_unless_asked():
     def ops(**kwargs):
         dataset = pipeline.build_dataset(

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tftrain import data as data_lib
 from tftrain.examples.simclr import resnet
 
-KNOWN_DATASETS = data_lib.KNOWN_DATASETS
+KNOWN_DATASETS = data_lib.KNOWN_DATASETS  # known without tensorflow-datasets; any tfds name works too
 MIN_IMAGE_SIZE = 16  # the random crop and the ResNet's strides need room
 
 # The flags of google-research/simclr's tf2/run.py (48), with its defaults in `Config`.
@@ -125,11 +125,7 @@ class Config:
 
     def __post_init__(self):
         _check_devices(self)
-        if self.dataset not in KNOWN_DATASETS:
-            raise ValueError(
-                f"Unknown --dataset={self.dataset!r}. Known datasets: {', '.join(KNOWN_DATASETS)} "
-                "(shapes and synthetic are generated offline)."
-            )
+        _check_dataset(self)
         if self.image_size < MIN_IMAGE_SIZE:
             raise ValueError(
                 f"--image_size={self.image_size} is too small for SimCLR's random crop and the ResNet. "
@@ -179,6 +175,39 @@ _ZERO_MEANS = {
     "checkpoint_steps": "every --checkpoint_epochs",
     "train_summary_steps": "summaries with each checkpoint",
 }
+
+
+def _check_dataset(config: Config) -> None:
+    """Checks --dataset and its splits as far as is possible without reading data.
+
+    The generated datasets and `KNOWN_DATASETS` are checked without importing
+    tensorflow-datasets (startup stays fast); any other name is looked up in
+    tensorflow-datasets' registry (or `--data_dir`). The splits of a
+    tensorflow-datasets dataset are checked where its data is first read,
+    before any training step.
+    """
+    name = config.dataset
+    if name in data_lib.GENERATED_DATASETS:
+        for flag in ("train_split", "eval_split"):
+            split = getattr(config, flag)
+            if split not in data_lib.SPLITS[name]:
+                count = "num_train_examples" if flag == "train_split" else "num_eval_examples"
+                raise ValueError(
+                    f"--{flag}={split!r} is not a split of --dataset={name}. Expected one of "
+                    f"{', '.join(data_lib.SPLITS[name])} (a generated dataset has no slices: "
+                    f"--{count} reads fewer examples)."
+                )
+        return
+    if name in KNOWN_DATASETS:
+        return
+    try:
+        data_lib.check_name(name, data_dir=config.data_dir)
+    except ValueError as error:
+        raise ValueError(
+            f"Unknown --dataset={name!r}. {error} Known datasets: {', '.join(KNOWN_DATASETS)} "
+            "(shapes and synthetic are generated offline), and any tensorflow-datasets image "
+            "classification dataset."
+        ) from None
 
 
 def _check_devices(config: Config) -> None:

@@ -161,6 +161,8 @@ def run(config: Config) -> dict[str, Any]:
     keras.utils.set_random_seed(config.seed)
     info = data_lib.info(config.dataset, data_dir=config.data_dir, image_size=config.image_size)
     num_train = info.splits[config.train_split]
+    if config.mode != "train":
+        info.splits[config.eval_split]  # an unknown split fails here, before any training step
     if config.num_train_examples is not None:
         num_train = min(num_train, config.num_train_examples)
     steps_per_epoch, epochs, total_steps = _steps_plan(config, num_train)

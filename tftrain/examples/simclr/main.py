@@ -41,7 +41,11 @@ flags.DEFINE_float("warmup_epochs", _D.warmup_epochs, "Epochs of linear learning
 flags.DEFINE_float("weight_decay", _D.weight_decay, "Weight decay.")
 flags.DEFINE_float("batch_norm_decay", _D.batch_norm_decay, "Batch norm moving-average momentum.")
 flags.DEFINE_integer("train_batch_size", _D.train_batch_size, "Global training batch size.")
-flags.DEFINE_string("train_split", _D.train_split, "Split to train on.")
+flags.DEFINE_string(
+    "train_split",
+    _D.train_split,
+    "Split to train on: any tensorflow-datasets split string (train, train[:10%], ...).",
+)
 flags.DEFINE_integer("train_epochs", _D.train_epochs, "Training epochs (when --train_steps is 0).")
 flags.DEFINE_integer("train_steps", _D.train_steps, "Training steps; 0: N * train_epochs // batch + 1.")
 flags.DEFINE_integer("eval_steps", _D.eval_steps, "Evaluation batches; 0: the whole eval split.")
@@ -52,8 +56,18 @@ flags.DEFINE_integer(
     _D.checkpoint_steps,
     "Steps between checkpoints and summaries; wins over epochs unless 0.",
 )
-flags.DEFINE_string("eval_split", _D.eval_split, "Split to evaluate on.")
-flags.DEFINE_string("dataset", _D.dataset, f"Dataset: one of {', '.join(experiment.KNOWN_DATASETS)}.")
+flags.DEFINE_string(
+    "eval_split",
+    _D.eval_split,
+    "Split to evaluate on: any tensorflow-datasets split string (validation, test[50%:], ...).",
+)
+flags.DEFINE_string(
+    "dataset",
+    _D.dataset,
+    "Dataset: any tensorflow-datasets image classification name, optionally with a config and version "
+    f"(imagenet2012_subset/1pct, cifar10:3.0.2), e.g. {', '.join(experiment.KNOWN_DATASETS)} "
+    "(shapes and synthetic are generated offline).",
+)
 flags.DEFINE_bool("cache_dataset", _D.cache_dataset, "Keep the decoded dataset in memory (small datasets).")
 flags.DEFINE_enum("mode", _D.mode, ["train", "eval", "train_then_eval"], "What to do.")
 flags.DEFINE_enum(

@@ -5,7 +5,10 @@ augmentation draw comes from stateless random ops seeded by the run's seed and
 the example's position in the stream (`augment.seed_for`). Two runs with the
 same seed read the same batches, and tf.data checkpoints the iterator
 symbolically (positions, random states and the shuffle buffer, no cache), so a resumed run
-continues the exact stream.
+continues the exact stream. Generated datasets are in memory: their order is
+shuffled as indices, drawn per pass from the seed (`windowed_permutation`), and
+each image read by its index, so a checkpoint holds a few positions (kilobytes)
+instead of a shuffle buffer of images.
 """
 
 from __future__ import annotations
@@ -19,13 +22,85 @@ from tftrain.examples.simclr import augment, blur
 
 # Evaluation centre-crops only images larger than this (SimCLR's CIFAR-size images are used whole).
 EVAL_CROP_MIN_SIZE = 32
-# The independent random streams of a run: each example's views, each batch's blur.
-VIEW_STREAM, BLUR_STREAM = 0, 1
+# The independent random streams of a run: each example's views, each batch's blur, each pass's order.
+VIEW_STREAM, BLUR_STREAM, SHUFFLE_STREAM = 0, 1, 2
 
 
 def shuffle_buffer_size(batch_size: int, image_size: int) -> int:
     """The reference's shuffle buffer: 50 batches of images of 32 px or less, 10 batches of larger ones."""
     return batch_size * (50 if image_size <= EVAL_CROP_MIN_SIZE else 10)
+
+
+def windowed_permutation(count: int, buffer_size: int, seed: tf.Tensor) -> tf.Tensor:
+    """The order of one pass over `count` elements through a shuffle buffer, drawn statelessly.
+
+    The same distribution as `tf.data.Dataset.shuffle(buffer_size)`: each
+    element comes out of a buffer that holds the next `buffer_size` elements
+    not yet out (fewer once the input is read), uniformly drawn. It is
+    computed at once, without a loop: while the input lasts, the k-th draw
+    picks a slot, gives out what the slot holds (the input that last refilled
+    it, or its first element) and refills it with input `buffer_size + k`;
+    the buffer left at the end drains in a uniformly random order.
+
+    Args:
+        count: The number of elements.
+        buffer_size: The shuffle buffer's size; `count` or more gives a
+            uniformly random permutation.
+        seed: A shape-`[2]` int64 seed (`augment.seed_for`).
+
+    Returns:
+        An int64 permutation of `range(count)`, shape `[count]`.
+    """
+    size = min(buffer_size, count)
+    refills = count - size  # the draws made while the input lasts
+    slot_seed, drain_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    if not refills:  # the whole input fits in the buffer
+        return tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64), drain_seed)
+    slots = tf.random.stateless_uniform([refills], slot_seed, minval=0, maxval=size, dtype=tf.int64)
+    # The draws grouped by slot, in time order: each one gives out the input put in by the one before.
+    order = tf.argsort(slots, stable=True)
+    by_slot = tf.gather(slots, order)
+    refilled_with = size + tf.cast(order, tf.int64)
+    after_another = tf.concat([[False], by_slot[1:] == by_slot[:-1]], axis=0)
+    given = tf.where(after_another, tf.concat([[0], refilled_with[:-1]], axis=0), by_slot)
+    first = tf.scatter_nd(order[:, None], given, [refills])
+    # The buffer at the end: each slot holds the input that refilled it last, or its first element.
+    last_in_slot = tf.concat([by_slot[1:] != by_slot[:-1], [True]], axis=0)
+    held = tf.tensor_scatter_nd_update(
+        tf.range(size, dtype=tf.int64),
+        tf.boolean_mask(by_slot, last_in_slot)[:, None],
+        tf.boolean_mask(refilled_with, last_in_slot),
+    )
+    return tf.concat([first, tf.random.experimental.stateless_shuffle(held, drain_seed)], axis=0)
+
+
+def _shuffled_by_index(
+    images: tf.data.Dataset, buffer_size: int, *, seed: int, repeat: bool
+) -> tf.data.Dataset:
+    """A generated dataset, held in memory as tensors and shuffled through its indices.
+
+    Each pass's order is `windowed_permutation`, seeded by the run's seed and
+    the pass, and each example is gathered by its index: the iterator's state
+    is the pass and the position in it (tf.data's buffers of batches are
+    rebuilt on restore), never a shuffle buffer of images. All the examples
+    are kept in memory, as a buffer of the whole dataset would (the demo's
+    does); `synthetic` is then drawn once instead of at each read.
+    """
+    count = int(images.cardinality())
+    examples = images.batch(count).get_single_element()
+
+    def one_pass(epoch):
+        order = windowed_permutation(count, buffer_size, augment.seed_for(seed, epoch, SHUFFLE_STREAM))
+        return tf.data.Dataset.from_tensor_slices(order)
+
+    def example(index):
+        return tf.nest.map_structure(lambda tensor: tf.gather(tensor, index), examples)
+
+    passes = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+    indices = passes.flat_map(one_pass).apply(
+        tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY if repeat else count)
+    )
+    return indices.map(example, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def train_view_fn(
@@ -109,11 +184,16 @@ def build_dataset(
         cache_dataset: Keep the decoded images in memory after the first pass
             (the reference's `--cache_dataset`; for small datasets). tf.data
             cannot checkpoint a cache symbolically: each checkpoint then holds
-            the iterator with the cache.
+            the iterator with the cache (and, for a generated dataset, the
+            shuffle buffer's images: its images are in memory already).
         data_dir: tensorflow-datasets data directory.
         num_examples: Use only the first examples of the split.
         repeat: Repeat forever (training to a step count).
         seed: The run's seed: the shuffle and every augmentation draw derive from it.
+            A generated dataset's order is drawn from it statelessly
+            (`windowed_permutation`, a buffer of `shuffle_buffer_size`);
+            tensorflow-datasets are shuffled by `tf.data.Dataset.shuffle`
+            with it (which also reads the global seed).
 
     Returns:
         The dataset, prefetched.
@@ -132,11 +212,13 @@ def build_dataset(
         mapped = images.map(eval_features, num_parallel_calls=tf.data.AUTOTUNE)
         return mapped.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
-    images = images.shuffle(
-        shuffle_buffer_size(batch_size, image_size), seed=seed, reshuffle_each_iteration=True
-    )
-    if repeat:
-        images = images.repeat()
+    buffer_size = shuffle_buffer_size(batch_size, image_size)
+    if name in data_lib.GENERATED_DATASETS and not cache_dataset:
+        images = _shuffled_by_index(images, buffer_size, seed=seed, repeat=repeat)
+    else:
+        images = images.shuffle(buffer_size, seed=seed, reshuffle_each_iteration=True)
+        if repeat:
+            images = images.repeat()
     view = train_view_fn(
         image_size, train_mode, color_jitter_strength=color_jitter_strength, min_crop_area=min_crop_area
     )
