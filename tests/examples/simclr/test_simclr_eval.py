@@ -51,7 +51,7 @@ def test_eval_mode_evaluates_every_checkpoint_until_the_last_step(trained):
         assert written[key] == pytest.approx(after_training[key])
     assert written["eval/regularization_loss"] == pytest.approx(after_training["eval/regularization_loss"])
     # Steps 1..3 had other weights: the probe's loss differs from the last step's.
-    assert {logs["probe_loss"] for logs in written["eval_results"].values()} != {last["probe_loss"]}
+    assert {logs["supervised_loss"] for logs in written["eval_results"].values()} != {last["supervised_loss"]}
 
 
 def test_eval_mode_without_checkpoints_times_out_clearly(tmp_path):

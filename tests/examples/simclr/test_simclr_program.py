@@ -47,6 +47,14 @@ def test_a_tiny_run_writes_result_json(loop, tmp_path):
         assert 0.0 <= written[key] <= 1.0, key
     assert written["config"]["loop"] == loop and written["config"]["train_steps"] == 4
     assert written["train_logs"]["contrast_loss"] > 0
+    # The reference's training metrics: contrast_entropy, supervised_loss and supervised_acc.
+    assert 0 < written["train_logs"]["contrast_entropy"] <= np.log(2 * TINY["train_batch_size"])
+    assert written["train_logs"]["supervised_loss"] > 0 and 0 <= written["train_logs"]["supervised_acc"] <= 1
+    # As the reference, result_<step>.json beside result.json, and the flags' values in flags.json.
+    with open(tmp_path / "result_4.json") as file:
+        assert json.load(file) == written
+    with open(tmp_path / "flags.json") as file:
+        assert json.load(file) == written["config"]
     assert os.listdir(tmp_path / "checkpoints") and os.listdir(tmp_path / "train")
 
 
@@ -69,7 +77,7 @@ def test_finetune_mode_trains_the_probe_end_to_end():
     )
     assert results["global_step"] == 3
     assert "contrast_loss" not in results["train_logs"] or results["train_logs"]["contrast_loss"] == 0
-    assert results["train_logs"]["probe_loss"] > 0
+    assert results["train_logs"]["supervised_loss"] > 0
 
 
 def test_train_steps_win_over_epochs():

@@ -290,10 +290,25 @@ def run(config: Config) -> dict[str, Any]:
                 model.encoder, config.model_dir, results["global_step"], config.keep_hub_module_max
             )
     if config.model_dir and chief:
-        tf.io.gfile.makedirs(config.model_dir)
-        with tf.io.gfile.GFile(os.path.join(config.model_dir, "result.json"), "w") as file:
-            json.dump(results, file, indent=2, sort_keys=True)
+        write_results(config.model_dir, results)
     return results
+
+
+def write_results(model_dir: str, results: dict[str, Any]) -> None:
+    """Writes `result.json`, `result_<global_step>.json` and `flags.json`, as the reference does.
+
+    The reference writes its flags' values to `flags.json` beside the results;
+    here they are the run's `Config` (`results["config"]`), the same names.
+    """
+    tf.io.gfile.makedirs(model_dir)
+    names = ["result.json"]
+    if "global_step" in results:
+        names.append(f"result_{results['global_step']}.json")
+    for name in names:
+        with tf.io.gfile.GFile(os.path.join(model_dir, name), "w") as file:
+            json.dump(results, file, indent=2, sort_keys=True)
+    with tf.io.gfile.GFile(os.path.join(model_dir, "flags.json"), "w") as file:
+        json.dump(results["config"], file, indent=2, sort_keys=True)
 
 
 def export_encoder(encoder: keras.Model, model_dir: str, step: int, keep: int) -> str:

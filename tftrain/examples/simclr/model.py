@@ -233,7 +233,10 @@ class SimCLRModel(tftrain.CustomModel):
         self.total_loss_tracker = keras.metrics.Mean(name="loss")
         self.contrast_loss_tracker = keras.metrics.Mean(name="contrast_loss")
         self.contrast_accuracy = keras.metrics.Mean(name="contrast_acc")
-        self.probe_loss_tracker = keras.metrics.Mean(name="probe_loss")
+        self.contrast_entropy = keras.metrics.Mean(name="contrast_entropy")
+        # The reference's names for the probe's (or finetuning's) training loss and accuracy.
+        self.probe_loss_tracker = keras.metrics.Mean(name="supervised_loss")
+        self.supervised_accuracy = keras.metrics.Mean(name="supervised_acc")
         self.top_1 = keras.metrics.SparseTopKCategoricalAccuracy(k=1, name="label_top_1_accuracy")
         self.top_5 = keras.metrics.SparseTopKCategoricalAccuracy(
             k=min(5, num_classes), name="label_top_5_accuracy"
@@ -285,7 +288,9 @@ class SimCLRModel(tftrain.CustomModel):
             self.total_loss_tracker,
             self.contrast_loss_tracker,
             self.contrast_accuracy,
+            self.contrast_entropy,
             self.probe_loss_tracker,
+            self.supervised_accuracy,
             self.top_1,
             self.top_5,
             self.weight_decay_tracker,
@@ -306,6 +311,10 @@ class SimCLRModel(tftrain.CustomModel):
                 self.contrast_loss_tracker.update_state(contrast_loss)
                 hits = tf.equal(tf.argmax(labels_con, axis=1), tf.argmax(logits_con, axis=1))
                 self.contrast_accuracy.update_state(tf.cast(hits, tf.float32))
+                probabilities = tf.nn.softmax(logits_con)
+                self.contrast_entropy.update_state(
+                    -tf.reduce_mean(tf.reduce_sum(probabilities * tf.math.log(probabilities + 1e-8), -1))
+                )
                 labels = tf.concat([labels, labels], axis=0)  # the probe sees both views
             if self.uses_probe:
                 probe_loss = tf.reduce_mean(
@@ -313,6 +322,8 @@ class SimCLRModel(tftrain.CustomModel):
                 )
                 loss += probe_loss
                 self.probe_loss_tracker.update_state(probe_loss)
+                hits = tf.equal(tf.cast(labels, tf.int64), tf.argmax(logits, axis=1))
+                self.supervised_accuracy.update_state(tf.cast(hits, tf.float32))
                 self.top_1.update_state(labels, logits)
                 self.top_5.update_state(labels, logits)
             decay = self.weight_decay_loss()
