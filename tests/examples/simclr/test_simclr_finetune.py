@@ -26,43 +26,48 @@ def values(layer):
     return [w.numpy() for w in layer.weights]
 
 
-def test_finetuning_starts_from_the_pretrained_encoder_and_projection(pretrained, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "train_mode, zero_init_logits_layer", [("finetune", False), ("finetune", True), ("pretrain", False)]
+)
+def test_a_checkpoint_initialises_the_whole_model_as_the_reference(
+    pretrained, monkeypatch, capsys, train_mode, zero_init_logits_layer
+):
     checkpoints, saved = pretrained
     at_start = {}
     fit = tftrain.Trainer.fit
 
     def recording_fit(self, *args, **kwargs):
-        head = self.model.projection_head
-        below = values(head.proj_dense_0) + values(head.batch_normalization_proj_0)
-        at_start.update(encoder=values(self.model.encoder), below=below)
-        at_start.update(above=values(head.proj_dense_1), probe=values(self.model.supervised_head))
+        at_start.update(encoder=values(self.model.encoder), head=values(self.model.projection_head))
+        at_start.update(probe=values(self.model.supervised_head))
         return fit(self, *args, **kwargs)
 
     monkeypatch.setattr(tftrain.Trainer, "fit", recording_fit)
     config = experiment.Config(
         **TINY,
         mode="train",
-        train_mode="finetune",
+        train_mode=train_mode,
         train_steps=1,
         ft_proj_selector=1,
+        zero_init_logits_layer=zero_init_logits_layer,
         checkpoint=str(checkpoints),
     )
     results = experiment.run(config)
-    assert results["global_step"] == 1
-    for got, want in zip(at_start["encoder"], values(saved.encoder), strict=True):
-        np.testing.assert_array_equal(got, want)  # every weight, batch norm statistics too
-    below = values(saved.projection_head.proj_dense_0) + values(
-        saved.projection_head.batch_normalization_proj_0
-    )
-    for got, want in zip(at_start["below"], below, strict=True):
-        np.testing.assert_array_equal(got, want)
-    # Above the probe's input, and the probe itself, start fresh.
-    assert not np.array_equal(at_start["above"][0], values(saved.projection_head.proj_dense_1)[0])
-    assert not np.array_equal(at_start["probe"][0], values(saved.supervised_head)[0])
+    assert results["global_step"] == 1  # the step (and the optimizer) start fresh
+    # As the reference's tf.train.Checkpoint(model=model).restore: the encoder (batch norm statistics
+    # too), the whole projection head, above ft_proj_selector as well, and head_supervised.
+    for part in ("encoder", "projection_head"):
+        got = at_start["encoder" if part == "encoder" else "head"]
+        for value, want in zip(got, values(getattr(saved, part)), strict=True):
+            np.testing.assert_array_equal(value, want)
+    for value, want in zip(at_start["probe"], values(saved.supervised_head), strict=True):
+        if zero_init_logits_layer:
+            assert not np.any(value)  # zeroed after the restore, as the reference
+        else:
+            np.testing.assert_array_equal(value, want)
     printed = capsys.readouterr().out
     assert f"Warm start from {checkpoints}/ckpt-2: loaded" in printed
-    assert results["warm_start"]["loaded"] == len(saved.encoder.weights) + len(below)
-    assert "model/encoder" in printed and "projection_head/proj_dense_0" in printed
+    model_weights = len(saved.encoder.weights) + len(saved.projection_head.weights)
+    assert results["warm_start"]["loaded"] >= model_weights + len(saved.supervised_head.weights)
 
 
 def test_a_checkpoint_of_another_architecture_is_refused_before_training(pretrained, monkeypatch):
@@ -76,7 +81,8 @@ def test_a_checkpoint_of_another_architecture_is_refused_before_training(pretrai
     )
     with pytest.raises(
         experiment.FlagValueError,
-        match=r"(?s)--checkpoint=.* cannot initialise this model: .*has shape \(3, 3, 3, 4\) in the checkpoint but \(3, 3, 3, 8\)",
+        match=r"(?s)--checkpoint=.* cannot initialise this model: .*head_supervised/kernel.*has shape \(32, 8\) "
+        r"in the checkpoint but \(64, 8\).*\(and \d+ more\)",
     ):
         experiment.run(config)
 
@@ -88,7 +94,10 @@ def test_a_checkpoint_of_another_architecture_is_refused_before_training(pretrai
             dict(train_mode="finetune", checkpoint="/nonexistent/ckpt-3"),
             "--checkpoint=/nonexistent/ckpt-3 does not exist",
         ),
-        (dict(checkpoint="/nonexistent"), "does not fine-tune. Expected --train_mode=finetune"),
+        (
+            dict(checkpoint="/nonexistent", mode="eval"),
+            "--mode=eval evaluates the checkpoints of --model_dir",
+        ),
     ],
 )
 def test_bad_checkpoint_flags_are_refused_before_any_data(overrides, message):

@@ -257,11 +257,11 @@ def _check_model(config: Config) -> None:
 
 
 def _check_checkpoint_flag(config: Config) -> None:
-    if config.train_mode != "finetune" or config.mode == "eval":
+    if config.mode == "eval":
         raise ValueError(
-            f"--checkpoint={config.checkpoint} initialises fine-tuning from a pretraining run, but "
-            f"--train_mode={config.train_mode} --mode={config.mode} does not fine-tune. Expected "
-            "--train_mode=finetune with --mode=train or train_then_eval, or no --checkpoint."
+            f"--checkpoint={config.checkpoint} initialises training, but --mode=eval evaluates the "
+            "checkpoints of --model_dir (as the reference, which reads --checkpoint only when training). "
+            "Expected --mode=train or train_then_eval, or no --checkpoint."
         )
     path = config.checkpoint
     if not (tf.io.gfile.isdir(path) or tf.io.gfile.exists(path + ".index")):

@@ -32,17 +32,22 @@ FlagValueError = config_lib.FlagValueError
 KNOWN_DATASETS = config_lib.KNOWN_DATASETS
 
 
-def warm_start(model: model_lib.SimCLRModel, checkpoint: str) -> tftrain.checkpoint.WarmStartReport:
-    """Initialises the encoder, and the projection layers below the probe, from a pretraining run.
+def warm_start(
+    model: model_lib.SimCLRModel, checkpoint: str, *, zero_init_logits_layer: bool = False
+) -> tftrain.checkpoint.WarmStartReport:
+    """Initialises the whole model from another run's checkpoint, as the reference's `--checkpoint`.
 
-    As the reference's `--checkpoint`: fine-tuning starts from the pretrained
-    network up to the probe's input (`ft_proj_selector`); the probe and the
-    optimizer start fresh.
+    The reference restores `tf.train.Checkpoint(model=model)` with
+    `expect_partial()` in any `--train_mode`: the encoder, the whole
+    projection head and `head_supervised` (where the checkpoint has them),
+    then zeroes `head_supervised` with `--zero_init_logits_layer`. The
+    optimizer and the step start fresh.
 
     Args:
-        model: A built `SimCLRModel` of the pretraining run's architecture.
+        model: A built `SimCLRModel` of the checkpointed run's architecture.
         checkpoint: A checkpoint path or a directory of checkpoints (its latest
             is used) written by a SimCLR run under tftrain.
+        zero_init_logits_layer: Zero `head_supervised` after loading.
 
     Returns:
         What was loaded, as `tftrain.checkpoint.warm_start` reports it.
@@ -51,17 +56,18 @@ def warm_start(model: model_lib.SimCLRModel, checkpoint: str) -> tftrain.checkpo
         FlagValueError: the checkpoint does not exist, cannot be read, or holds
             another architecture (each mismatched variable is named).
     """
-    targets = {"model/encoder": model.encoder}
-    for name, layer in model.projection_head.layers_below_probe().items():
-        targets[f"model/projection_head/{name}"] = layer
     try:
-        return tftrain.checkpoint.warm_start(targets, checkpoint)
+        report = tftrain.checkpoint.warm_start(model, checkpoint)
     except (tftrain.checkpoint.CheckpointError, ValueError) as error:
         raise FlagValueError(
             f"--checkpoint={checkpoint} cannot initialise this model: {error} Expected a checkpoint of "
-            "a pretraining run with the same --resnet_depth, --width_multiplier, --cifar_stem and "
-            "projection head."
+            "a SimCLR run with the same --resnet_depth, --width_multiplier, --cifar_stem, projection head "
+            "and number of classes."
         ) from error
+    if zero_init_logits_layer:
+        for variable in model.supervised_head.trainable_weights:
+            variable.assign(tf.zeros_like(variable))
+    return report
 
 
 def _steps_plan(config: Config, num_train_examples: int) -> tuple[int, int, int]:
@@ -180,7 +186,7 @@ def run(config: Config) -> dict[str, Any]:
         model.optimizer.build(model.trainable_variables)
     results: dict[str, Any] = {}
     if config.checkpoint is not None:
-        report = warm_start(model, config.checkpoint)
+        report = warm_start(model, config.checkpoint, zero_init_logits_layer=config.zero_init_logits_layer)
         print(report.summary())
         results["warm_start"] = {"checkpoint": report.checkpoint, "loaded": len(report.loaded)}
 
