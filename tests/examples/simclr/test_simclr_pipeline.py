@@ -114,6 +114,35 @@ def test_blur_is_applied_per_batch_and_leaves_the_views_draws_alone():
     assert 0.2 < np.mean(same) < 0.8  # p = 0.5 per view
 
 
+@pytest.mark.parametrize("num_replicas", [1, 2, 4])
+def test_blur_draws_one_sigma_per_replica_and_view_as_the_reference(num_replicas):
+    # The reference blurs inside strategy.run: each replica's slice of the global batch has its own
+    # draws, seeded from the position of the slice's first example (batch 0 holds positions 0..7).
+    plain = training_batches(1, use_blur=False, num_replicas=num_replicas)[0]
+    blurred = training_batches(1, use_blur=True, num_replicas=num_replicas)[0]
+    per_replica = 8 // num_replicas
+    for start in range(0, 8, per_replica):
+        seeds = tf.random.experimental.stateless_split(augment.seed_for(3, start, pipeline.BLUR_STREAM), 2)
+        for view in range(2):
+            channels = slice(3 * view, 3 * view + 3)
+            expected = blur.batch_random_blur(
+                plain[start : start + per_replica, ..., channels], 24, 24, seeds[view]
+            )
+            np.testing.assert_array_equal(
+                blurred[start : start + per_replica, ..., channels], expected.numpy()
+            )
+
+
+def test_the_shuffle_buffer_is_sized_from_the_per_replica_batch(monkeypatch):
+    sizes = []
+    real = pipeline.shuffle_buffer_size
+    monkeypatch.setattr(pipeline, "shuffle_buffer_size", lambda b, s: sizes.append((b, s)) or real(b, s))
+    training_batches(1, num_replicas=2)
+    assert sizes == [(4, 24)]
+    with pytest.raises(ValueError, match="num_replicas=3 with batch_size=8"):
+        training_batches(1, num_replicas=3)
+
+
 def test_the_training_iterator_checkpoints_symbolically_and_resumes_the_exact_stream(tmp_path):
     def dataset():
         built = pipeline.build_dataset(

@@ -206,3 +206,13 @@ def test_the_demo_recipe_learns_at_tiny_size():
     runs = (first_epoch, trained)
     assert trained["contrast_acc"] > max(1.6 * first_epoch["contrast_acc"], 10 * chance), runs
     assert trained["contrast_loss"] < first_epoch["contrast_loss"] - 1.0, runs
+
+
+def test_two_cpu_replicas_train_with_the_blur_drawn_per_replica(tmp_path):
+    # The pipeline slices each global batch as tf.distribute does (test_simclr_pipeline checks the draws).
+    flags = tiny_flags(num_cpu_devices=2, use_blur=True, train_steps=2, model_dir=tmp_path)
+    completed = run_program(*flags)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    with open(tmp_path / "result.json") as file:
+        written = json.load(file)
+    assert written["global_step"] == 2 and written["config"]["num_cpu_devices"] == 2

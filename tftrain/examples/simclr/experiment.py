@@ -206,6 +206,7 @@ def run(config: Config) -> dict[str, Any]:
             num_examples=num_examples,
             repeat=training,
             seed=config.seed,
+            num_replicas=replicas,
         )
 
     trainer = tftrain.Trainer(

@@ -160,6 +160,7 @@ def build_dataset(
     num_examples: int | None = None,
     repeat: bool = False,
     seed: int = 0,
+    num_replicas: int = 1,
 ) -> tf.data.Dataset:
     """A batched dataset of `(features, labels)` for SimCLR.
 
@@ -179,7 +180,7 @@ def build_dataset(
             and flipped only (no colour distortion or blur).
         color_jitter_strength: SimCLR's colour distortion strength (pretraining only).
         use_blur: Random Gaussian blur (pretraining only): each view of each
-            image with probability 0.5, one sigma per batch and view, as the reference.
+            image with probability 0.5, one sigma per replica's batch and view, as the reference.
         min_crop_area: The smallest random crop, as a fraction of the image.
         cache_dataset: Keep the decoded images in memory after the first pass
             (the reference's `--cache_dataset`; for small datasets). tf.data
@@ -194,6 +195,12 @@ def build_dataset(
             (`windowed_permutation`, a buffer of `shuffle_buffer_size`);
             tensorflow-datasets are shuffled by `tf.data.Dataset.shuffle`
             with it (which also reads the global seed).
+
+        num_replicas: The replicas the global batch is split over (contiguous
+            slices, as `tf.distribute` splits it). As the reference, which
+            reads per-replica batches and blurs inside `strategy.run`, the
+            shuffle buffer is sized from the per-replica batch and the blur's
+            sigma is drawn per replica and view.
 
     Returns:
         The dataset, prefetched.
@@ -212,7 +219,13 @@ def build_dataset(
         mapped = images.map(eval_features, num_parallel_calls=tf.data.AUTOTUNE)
         return mapped.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
-    buffer_size = shuffle_buffer_size(batch_size, image_size)
+    if num_replicas < 1 or batch_size % num_replicas:
+        raise ValueError(
+            f"Invalid value for argument `num_replicas`. Received: num_replicas={num_replicas} with "
+            f"batch_size={batch_size}. Expected a number >= 1 that divides the batch size."
+        )
+    per_replica = batch_size // num_replicas
+    buffer_size = shuffle_buffer_size(per_replica, image_size)
     if name in data_lib.GENERATED_DATASETS and not cache_dataset:
         images = _shuffled_by_index(images, buffer_size, seed=seed, repeat=repeat)
     else:
@@ -234,13 +247,20 @@ def build_dataset(
     def finish_batch(positions, features, labels):
         if not (use_blur and pretrain):
             return features, labels
-        # One seed per batch, from its first example's position in the stream.
-        seeds = tf.random.experimental.stateless_split(augment.seed_for(seed, positions[0], BLUR_STREAM), 2)
-        views = [
-            blur.batch_random_blur(features[..., 3 * i : 3 * i + 3], image_size, image_size, seeds[i])
-            for i in range(2)
-        ]
-        return tf.concat(views, axis=-1), labels
+        # One seed per replica's batch, from its first example's position in the stream.
+        slices = []
+        for replica in range(num_replicas):
+            start = replica * per_replica
+            part = features[start : start + per_replica]
+            seeds = tf.random.experimental.stateless_split(
+                augment.seed_for(seed, positions[start], BLUR_STREAM), 2
+            )
+            views = [
+                blur.batch_random_blur(part[..., 3 * i : 3 * i + 3], image_size, image_size, seeds[i])
+                for i in range(2)
+            ]
+            slices.append(tf.concat(views, axis=-1))
+        return tf.concat(slices, axis=0), labels
 
     mapped = images.enumerate().map(training_features, num_parallel_calls=tf.data.AUTOTUNE)
     batched = mapped.batch(batch_size, drop_remainder=True).map(finish_batch)
