@@ -218,13 +218,26 @@ def test_fine_tune_after_block_freezes_the_encoder_up_to_that_block():
     assert trainable(model) == {"group3", "group4"}
     heads = model.supervised_head.trainable_variables + model.projection_head.trainable_variables
     assert heads and all(v.trainable for v in heads)
-    # Frozen batch norms keep their statistics in training mode; the trained ones update theirs.
+    # As the reference under tf.keras 2 (whose frozen blocks hold batch norm layers that stay
+    # trainable): frozen batch norms update their averages in training mode too, but their gamma and
+    # beta are not trained.
     frozen = model.encoder.get_layer("group2_block1_batch_normalization_1")
     trained = model.encoder.get_layer("group3_block1_batch_normalization_1")
     before = frozen.moving_mean.numpy().copy(), trained.moving_mean.numpy().copy()
     model(np.random.RandomState(0).rand(4, 16, 16, 3).astype("float32"), training=True)
-    assert np.array_equal(frozen.moving_mean.numpy(), before[0])
+    assert not np.array_equal(frozen.moving_mean.numpy(), before[0])
     assert not np.array_equal(trained.moving_mean.numpy(), before[1])
+    assert frozen.trainable and not frozen.trainable_weights and len(trained.trainable_weights) == 2
+    # ... and normalize with the batch's statistics (tf.keras 2's frozen-block batch norm, checked with
+    # the tf-keras package on the reference's BatchNormRelu inside a trainable=False block).
+    x = np.random.RandomState(1).rand(4, 3, 3, frozen.gamma.shape[0]).astype("float32") * 3 + 1
+    mean, variance = x.mean(axis=(0, 1, 2)), x.var(axis=(0, 1, 2))
+    np.testing.assert_allclose(
+        frozen(x, training=True),
+        frozen.gamma.numpy() * (x - mean) / np.sqrt(variance + frozen.epsilon) + frozen.beta.numpy(),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     assert finetune_model(fine_tune_after_block=4).encoder.trainable_variables == []
 
 

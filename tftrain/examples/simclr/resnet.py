@@ -94,14 +94,20 @@ class _Builder:
 
     def batch_norm(self, x, name: str, relu: bool = True, zero_gamma: bool = False):
         # Every name contains "batch_normalization": LARS excludes these variables by path.
-        x = batch_norm.BatchNormalization(
+        layer = batch_norm.BatchNormalization(
             momentum=self.batch_norm_decay,
             epsilon=BATCH_NORM_EPSILON,
             gamma_initializer="zeros" if zero_gamma else "ones",
             synchronized=self.sync_batch_norm,
-            trainable=self.trainable,
             name=name,
-        )(x)
+        )
+        x = layer(x)
+        if not self.trainable:
+            # As the reference under tf.keras 2, where a frozen block's own batch norm layer stays
+            # trainable: in training it normalizes with the batch's statistics and updates its moving
+            # averages; only its gamma and beta are left out of the trained variables.
+            for variable in layer.trainable_weights:
+                variable.trainable = False
         return keras.layers.ReLU(name=f"{name}_relu")(x) if relu else x
 
     def squeeze_excite(self, x, filters: int, name: str):
@@ -215,8 +221,10 @@ def resnet(
             (attention `max(filters * sk_ratio, 32)` wide) and ResNet-D's stem
             and projection shortcuts, as the reference (SimCLRv2).
         fine_tune_after_block: -1: every layer trains. 0..4: the stem and the
-            block groups up to that one (4: all) are frozen (not trainable,
-            batch norm in inference mode) and no gradient flows into them.
+            block groups up to that one (4: all) are frozen (their variables
+            are not trained and no gradient flows into them; their batch
+            norms, as the reference's under tf.keras 2, still normalize with
+            the batch's statistics in training and update their averages).
         name: The model's name; default `resnet{depth}`.
 
     Returns:
