@@ -6,6 +6,7 @@ import shlex
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 import test_simclr_program  # the tiny sizes, on the path as a sibling test module
 from absl import app
 
@@ -306,12 +307,28 @@ def test_se_and_sk_ratios_build_the_reference_blocks():
     assert features.shape == (2, 4 * 32)
 
 
-def test_keep_hub_module_max_keeps_the_newest_encoder_exports(tmp_path):
-    encoder = experiment.build_model(tiny(), 8).encoder
+@pytest.mark.parametrize("cifar_stem", [True, False])
+def test_the_saved_model_is_the_reference_s_and_keeps_the_newest(tmp_path, cifar_stem):
+    model = experiment.build_model(tiny(cifar_stem=cifar_stem), 8)
     for step in (2, 4, 6):
-        path = experiment.export_encoder(encoder, str(tmp_path), step, keep=2)
+        path = experiment.export_saved_model(model, str(tmp_path), step, keep=2)
     assert path == str(tmp_path / "saved_model" / "6")
     assert sorted(os.listdir(tmp_path / "saved_model")) == ["4", "6"]
+    loaded = tf.saved_model.load(path)
+    images = np.random.RandomState(0).rand(2, 16, 16, 3).astype("float32")
+    tensors = loaded(tf.constant(images), trainable=False)
+    assert set(tensors) == {
+        "initial_conv", "initial_max_pool", "block_group1", "block_group2", "block_group3",
+        "block_group4", "final_avg_pool", "proj_head_input", "proj_head_output", "logits_sup",
+    }  # fmt: skip
+    projection, logits = model(images, training=False)
+    np.testing.assert_allclose(tensors["logits_sup"], logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tensors["proj_head_output"], projection, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tensors["final_avg_pool"], model.encoder(images), rtol=1e-5, atol=1e-5)
+    assert tensors["block_group4"].shape[-1] == tensors["final_avg_pool"].shape[-1]
+    assert (tensors["initial_max_pool"].shape == tensors["initial_conv"].shape) == cifar_stem
+    assert len(loaded.trainable_variables_list) == len(model.trainable_variables)
+    loaded(tf.constant(images), trainable=True)  # the reference's second signature
 
 
 def test_tpu_zone_is_refused_clearly():

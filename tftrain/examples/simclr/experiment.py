@@ -293,8 +293,8 @@ def run(config: Config) -> dict[str, Any]:
     chief = distribute.worker_role(strategy)[0]
     if config.model_dir and chief and config.keep_hub_module_max and "global_step" in results:
         if config.mode != "train":
-            results["saved_model"] = export_encoder(
-                model.encoder, config.model_dir, results["global_step"], config.keep_hub_module_max
+            results["saved_model"] = export_saved_model(
+                model, config.model_dir, results["global_step"], config.keep_hub_module_max
             )
     if config.model_dir and chief:
         write_results(config.model_dir, results)
@@ -318,17 +318,66 @@ def write_results(model_dir: str, results: dict[str, Any]) -> None:
         json.dump(results["config"], file, indent=2, sort_keys=True)
 
 
-def export_encoder(encoder: keras.Model, model_dir: str, step: int, keep: int) -> str:
-    """Exports the evaluated encoder as a SavedModel, `model_dir/saved_model/<step>`, keeping the newest `keep`.
+class SalientTensors(tf.Module):
+    """The reference's SavedModel: `module(images, trainable)` -> its named tensors.
 
-    As the reference exports one after each evaluation (`--keep_hub_module_max`).
-    Returns the export's path.
+    As google-research/simclr's `build_saved_model`: called on float images
+    `[batch, height, width, 3]` in [0, 1] with `trainable` True or False, it
+    returns `block_group1`..`block_group4`, `initial_conv`,
+    `initial_max_pool`, `final_avg_pool` (the encoder's features),
+    `proj_head_input`, `proj_head_output` and `logits_sup`;
+    `trainable_variables_list` holds the model's trainable variables.
     """
+
+    def __init__(self, model: model_lib.SimCLRModel):
+        super().__init__(name="simclr")
+        encoder = model.encoder
+        stem = "stem_pool" if "stem_pool" in {layer.name for layer in encoder.layers} else None
+        groups = {}
+        for layer in encoder.layers:  # in graph order: each group's last block's output wins
+            if layer.name.startswith("group") and layer.name.endswith("_out"):
+                groups[f"block_group{layer.name[5]}"] = layer.output
+        outputs = {
+            "initial_conv": encoder.get_layer("stem_batch_normalization_relu").output,
+            "initial_max_pool": encoder.get_layer(stem or "stem_batch_normalization_relu").output,
+            **groups,
+            "final_avg_pool": encoder.output,
+        }
+        self.encoder = keras.Model(encoder.input, outputs, name="salient_encoder")
+        self.projection_head = model.projection_head
+        self.supervised_head = model.supervised_head
+        # Named as the reference's: `trainable_variables` is tf.Module's own property.
+        self.trainable_variables_list = model.trainable_variables
+
+    @tf.function
+    def __call__(self, inputs, trainable):
+        tensors = dict(self.encoder(inputs, training=trainable))
+        hidden = tensors["final_avg_pool"]
+        projection, probe_input = self.projection_head(hidden, training=trainable)
+        tensors.update(
+            proj_head_input=hidden,
+            proj_head_output=projection,
+            logits_sup=self.supervised_head(probe_input),
+        )
+        return tensors
+
+
+def export_saved_model(model: model_lib.SimCLRModel, model_dir: str, step: int, keep: int) -> str:
+    """Exports the model as the reference does, to `model_dir/saved_model/<step>`, keeping the newest `keep`.
+
+    The SavedModel is `SalientTensors(model)` with the reference's two
+    signatures (`trainable` True and False, images of any size), written after
+    each evaluation (`--keep_hub_module_max`). Returns the export's path.
+    """
+    module = SalientTensors(model)
+    spec = tf.TensorSpec([None, None, None, 3], tf.float32)
+    for trainable in (True, False):
+        module.__call__.get_concrete_function(spec, trainable=trainable)
     export_dir = os.path.join(model_dir, "saved_model")
     path = os.path.join(export_dir, str(step))
     if tf.io.gfile.exists(path):
         tf.io.gfile.rmtree(path)
-    encoder.export(path, verbose=False)
+    tf.saved_model.save(module, path)
     steps = sorted(
         int(name.strip("/")) for name in tf.io.gfile.listdir(export_dir) if name.strip("/").isdigit()
     )
