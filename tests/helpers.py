@@ -1,5 +1,9 @@
 """Helpers shared by tests (importable as `helpers`: setup.cfg puts tests/ on the path)."""
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import keras
@@ -141,3 +145,19 @@ TWO_CPU_MIRRORED_SETUP = textwrap.dedent(
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
     """
 )
+
+
+def run_result_script(script: str, timeout: float) -> dict:
+    """Runs `script` in a fresh Python process; returns the JSON it printed after `RESULT`.
+
+    For tests that need a process of their own (logical CPU devices, a
+    strategy): the script prints one line `RESULT<json>`; a failed run fails
+    the test with the end of its stderr.
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])

@@ -8,17 +8,13 @@ there under `fit` itself, and the Trainer fails alike), and resumed from a
 checkpoint written in the middle of an accumulation cycle.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import TWO_CPU_MIRRORED_SETUP
+from helpers import TWO_CPU_MIRRORED_SETUP, run_result_script
 from parity import fit_both
 from test_trainer_parity import check_all, regression_data, regression_model
 
@@ -119,13 +115,7 @@ MIRRORED_SCRIPT = TWO_CPU_MIRRORED_SETUP + textwrap.dedent(
 
 
 def test_ema_and_accumulation_under_a_mirrored_strategy_behave_as_under_fit():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run(
-        [sys.executable, "-c", MIRRORED_SCRIPT], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
-    results = json.loads(line[len("RESULT") :])
+    results = run_result_script(MIRRORED_SCRIPT, timeout=300)
     for name in ("ema", "ema_loop2"):
         result = results[name]
         assert result["same_keys"], name

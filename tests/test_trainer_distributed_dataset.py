@@ -9,17 +9,13 @@ Trainer's is an error; a resumed run skips the batches already read
 (a distributed iterator cannot be checkpointed).
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import TWO_CPU_MIRRORED_SETUP
+from helpers import TWO_CPU_MIRRORED_SETUP, run_result_script
 
 import tftrain
 
@@ -161,13 +157,7 @@ SCRIPT = TWO_CPU_MIRRORED_SETUP + textwrap.dedent(
 # As tests/test_trainer_mirrored.py: two replicas do not match under TensorFlow 2.16.2 / Keras 3.7.0.
 @pytest.mark.newest_only
 def test_distributed_datasets_under_two_replicas_match_model_fit_and_resume():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
-    output = json.loads(line[len("RESULT") :])
+    output = run_result_script(SCRIPT, timeout=300)
     assert len(output["results"]) == 8
     for name, result in output["results"].items():
         assert result["diff"] < 1e-6, name

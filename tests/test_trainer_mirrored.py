@@ -8,14 +8,10 @@ Also resumes a distributed run from a mid-epoch checkpoint: the distributed
 iterator cannot be saved, so the resumed run skips the batches already seen.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from helpers import TWO_CPU_MIRRORED_SETUP
+from helpers import TWO_CPU_MIRRORED_SETUP, run_result_script
 
 SCRIPT = TWO_CPU_MIRRORED_SETUP + textwrap.dedent(
     """
@@ -163,13 +159,7 @@ SCRIPT = TWO_CPU_MIRRORED_SETUP + textwrap.dedent(
 # TensorFlow 2.16.2 / Keras 3.7.0 (the weights differ), so this fails there.
 @pytest.mark.newest_only
 def test_mirrored_two_replicas_match_one_device_and_resume():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
-    output = json.loads(line[len("RESULT") :])
+    output = run_result_script(SCRIPT, timeout=300)
     results, errors = output["results"], output["errors"]
     assert set(results) == {"graph", "loop2", "eager", "hand_written", "custom_model_fit", "resumed"}
     for name, result in results.items():

@@ -1,15 +1,12 @@
 """LARS against a NumPy implementation of its update rule, its config, and training a Keras model."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import run_result_script
 
 from tftrain.examples.simclr.lars import LARS
 
@@ -252,12 +249,6 @@ SCRIPT = textwrap.dedent(
 
 
 def test_mirrored_two_replicas_match_one_device():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
-    result = json.loads(line[len("RESULT") :])
+    result = run_result_script(SCRIPT, timeout=120)
     assert result["moved"] > 1e-3
     assert result["diff"] < 1e-5

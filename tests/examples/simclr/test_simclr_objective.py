@@ -1,14 +1,11 @@
 """The SimCLR contrastive loss against the paper's NT-Xent formula, on one device and on two replicas."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import run_result_script
 
 from tftrain.examples.simclr.objective import contrastive_loss
 
@@ -135,13 +132,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_two_replicas_gather_negatives_and_match_one_device():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
-    result = json.loads(line[len("RESULT") :])
+    result = run_result_script(SCRIPT, timeout=120)
     assert result["replicas"] == 2
     # Each replica's loss differs (different anchors), but their mean is the global loss.
     assert result["losses"][0] != pytest.approx(result["losses"][1])
