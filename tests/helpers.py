@@ -53,6 +53,10 @@ TIMING_REPORT_KEYS = {
     "checkpoint_saves",
     "checkpoint_save_median_s",
     "engine",
+    "flops_per_step",
+    "flops_per_sec",
+    "peak_flops",
+    "utilization",
 }
 
 
@@ -145,6 +149,24 @@ TWO_CPU_MIRRORED_SETUP = textwrap.dedent(
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
     """
 )
+
+
+def start_job(*command: str) -> subprocess.Popen:
+    """Starts a job script in a process of its own (quiet TensorFlow, fixed hash seed); see `finish_job`."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
+    return subprocess.Popen(
+        [sys.executable, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def finish_job(process: subprocess.Popen, returncode: int = 0, timeout: float = 300) -> tuple[str, str]:
+    """Waits for a `start_job` process; fails the test unless it exits with `returncode`. Returns (stdout, stderr)."""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+    assert process.returncode == returncode, stderr[-3000:]
+    return stdout, stderr
 
 
 def run_result_script(script: str, timeout: float) -> dict:

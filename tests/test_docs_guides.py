@@ -17,7 +17,7 @@ import keras
 import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
-GUIDES = ["quickstart.md", "loops.md", "tf_function.md", "mixed_precision.md", "services.md"]
+GUIDES = ["quickstart.md", "loops.md", "tf_function.md", "mixed_precision.md", "services.md", "beyond_fit.md"]
 
 _FENCE = re.compile(r"^(?P<fence>`{3,})(?:python|\{code-block\}\s+python)\s*$")
 _NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<reason>\S.*?)\s*-->$")

@@ -8,14 +8,12 @@ independent processes of all cases run side by side to keep the suite short.
 
 import os
 import signal
-import subprocess
-import sys
 import warnings
 
 import keras
 import numpy as np
 import pytest
-from helpers import compile_args, make_mlp
+from helpers import compile_args, finish_job, make_mlp, start_job
 
 import tftrain
 
@@ -44,25 +42,13 @@ def job_args(name):
     return args + (["--async-checkpoint"] if name.startswith("async_") else [])
 
 
-def start_job(model_dir, *args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
-    return subprocess.Popen(
-        [sys.executable, JOB, str(model_dir), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+def start_resume_job(model_dir, *args):
+    return start_job(JOB, str(model_dir), *args)
 
 
 def finish(process, expect_killed=False, expect_preempted=False):
-    try:
-        stdout, stderr = process.communicate(timeout=300)
-    finally:
-        process.kill()
     expected = 3 if expect_preempted else (-signal.SIGKILL if expect_killed else 0)
-    assert process.returncode == expected, stderr[-3000:]
-    return stdout
+    return finish_job(process, expected)[0]
 
 
 def final_state(model_dir):
@@ -74,7 +60,7 @@ def final_state(model_dir):
 def runs(tmp_path_factory):
     """Runs every job: the uninterrupted one and the killed ones, then the reruns."""
     dirs = {name: tmp_path_factory.mktemp(name) for name in ["uninterrupted", *KILLS]}
-    first = {name: start_job(dirs[name], *job_args(name)) for name in dirs}
+    first = {name: start_resume_job(dirs[name], *job_args(name)) for name in dirs}
     first_stdout = {}
     for name, process in first.items():
         first_stdout[name] = finish(
@@ -83,7 +69,8 @@ def runs(tmp_path_factory):
     after_kill = {name: sorted(os.listdir(dirs[name] / "checkpoints")) for name in KILLS}
     finished_early = {name: os.path.exists(dirs[name] / "final.npz") for name in KILLS}
     reruns = {
-        name: start_job(dirs[name], *[a for a in job_args(name) if a.startswith("--async")]) for name in KILLS
+        name: start_resume_job(dirs[name], *[a for a in job_args(name) if a.startswith("--async")])
+        for name in KILLS
     }
     stdout = {name: finish(process) for name, process in reruns.items()}
     return dict(

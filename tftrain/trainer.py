@@ -10,6 +10,7 @@ trains as under `model.fit`), or `Trainer.train_step` overridden in a subclass.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Sequence
 from typing import Any
@@ -17,12 +18,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain import evaluation, precision, timing
+from tftrain import ema, evaluation, precision, timing
 from tftrain.engine import model_setup
 from tftrain.loops import fit_loop, inference, preparation, run_setup
 from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
 from tftrain.options import EngineOptions, RunOptions
+from tftrain.services.loss_recovery import RecoveryPolicy
 from tftrain.services.protocol import Service, check_services
 
 
@@ -87,6 +89,23 @@ class Trainer:
         async_checkpoint: Write checkpoints in a background thread.
             Each of `model_dir` to here is a field of
             `tftrain.options.RunOptions`, which says exactly what it does.
+        on_nonfinite: What a loss blow-up (NaN, infinity, or above
+            `loss_spike_threshold`) does: `"stop"` raises `NonFiniteLossError`
+            (the NaN guard); `"rollback"` restores the last good checkpoint
+            of `model_dir` and goes on past the batches that caused it
+            (docs/beyond_fit.md).
+        loss_spike_threshold: A loss log above this is a blow-up too.
+        max_rollbacks: With `"rollback"`: rollbacks allowed in a run, then
+            `NonFiniteLossError`.
+        rollback_lr_factor: With `"rollback"`: multiply the learning rate by
+            this after each rollback. Each of `on_nonfinite` to here is a
+            field of `tftrain.services.loss_recovery.RecoveryPolicy`.
+        ema_decay: Keep an exponential moving average of the weights (the
+            optimizer's `use_ema`, with this momentum, e.g. 0.999) and use it
+            for validation, `evaluate`, `predict`, the best checkpoint and
+            `export`, while training goes on with the raw weights (which the
+            model holds outside those; `averaged_weights()` swaps them in).
+            Checkpoints hold both. None: no average (docs/beyond_fit.md).
         services: Services of your own (`tftrain.services.Service`), run
             around every `fit`'s steps with the built-in ones (after the NaN
             guard, before the summaries and checkpoints); their state is
@@ -122,6 +141,11 @@ class Trainer:
         resume_from: str | None = None,
         async_checkpoint: bool = False,
         services: Sequence[Service] = (),
+        on_nonfinite: str = "stop",
+        loss_spike_threshold: float | None = None,
+        max_rollbacks: int = 3,
+        rollback_lr_factor: float = 1.0,
+        ema_decay: float | None = None,
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -143,9 +167,17 @@ class Trainer:
             best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from, async_checkpoint=async_checkpoint,
         )  # fmt: skip
+        self.recovery = RecoveryPolicy(
+            on_nonfinite=on_nonfinite,
+            loss_spike_threshold=loss_spike_threshold,
+            max_rollbacks=max_rollbacks,
+            rollback_lr_factor=rollback_lr_factor,
+        )
+        self.recovery.check(model_dir=self.run_options.model_dir, terminate_on_nan=terminate_on_nan)
         self.services = check_services(services, reserved=run_setup.BUILT_IN_NAMES)
         self.model, self.model_dir = model, self.run_options.model_dir
         self.measure_timing = bool(measure_timing)
+        self.ema_decay = ema.check_decay(ema_decay)
         self.mixed_precision = precision.check_policy(mixed_precision)
         model_setup.prepare_model(
             model,
@@ -155,6 +187,8 @@ class Trainer:
             metrics=metrics,
             mixed_precision=self.mixed_precision,
         )
+        if self.ema_decay is not None:
+            ema.enable(self.optimizer, self.ema_decay)
         with self.strategy.scope():
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
@@ -166,6 +200,7 @@ class Trainer:
             self.strategy,
             self._global_step,
             stop_on_nonfinite=terminate_on_nan,
+            loss_limit=self.recovery.loss_spike_threshold,
         )
         self.timing: timing.TimingReport | None = None
 
@@ -217,6 +252,22 @@ class Trainer:
         yourself (name -> trackable, as `tf.train.Checkpoint` keyword arguments).
         """
         return self._tracked.checkpoint_state(self.model)
+
+    def averaged_weights(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which the model holds the weights evaluation uses; the raw weights come back after it, exactly.
+
+        With `ema_decay`: the optimizer's moving averages (none before the
+        first training step); without: the weights as they are.
+
+        Example:
+            ```python
+            with trainer.averaged_weights():
+                trainer.model.save_weights("averaged.weights.h5")
+            ```
+        """
+        if self.ema_decay is None:
+            return contextlib.nullcontext()
+        return ema.averaged_weights(self.model)
 
     def reset_metrics(self) -> None:
         """Resets every metric in `self.metrics` (done at each epoch start)."""
@@ -381,4 +432,5 @@ class Trainer:
                 "Cannot export a model that is not built: its input shapes are unknown. Expected a "
                 "built model: train it first, call it once on a batch, or `model.build(input_shape)`."
             )
-        self.model.export(filepath, **kwargs)
+        with self.averaged_weights():  # the EMA weights, with `ema_decay`
+            self.model.export(filepath, **kwargs)

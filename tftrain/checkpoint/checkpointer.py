@@ -313,6 +313,39 @@ class Checkpointer:
         self.restored_path = path
         return progress
 
+    def restore_training_state(self, path: str) -> Progress:
+        """Restores a checkpoint's training state only: the model, optimizer, metrics and extra state.
+
+        The run's global step, its data iterator and the services' states are
+        left as they are (a rollback after a loss blow-up goes on from where
+        the run is). Validated first, as a resume is: nothing is assigned
+        from a checkpoint that cannot be read or does not fit.
+
+        Args:
+            path: A checkpoint path prefix of this run.
+
+        Returns:
+            The checkpoint's progress (read, not assigned).
+
+        Raises:
+            CorruptCheckpointError: the checkpoint cannot be read.
+            IncompatibleCheckpointError: it does not fit the model.
+        """
+        self.sync()
+        try:
+            reader, _ = self._validate(path)
+        except Exception as error:
+            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+        with tf.init_scope():
+            progress = {
+                field.name: tf.Variable(0, dtype=tf.int64, trainable=False)
+                for field in dataclasses.fields(Progress)
+            }
+        state_root = tf.train.Checkpoint(**self._state_fn(), progress=progress)
+        check_compatible(path, reader, state_root, only=tuple(self._state_fn()))
+        state_root.read(path).expect_partial().assert_existing_objects_matched()
+        return Progress(**{name: int(variable.numpy()) for name, variable in progress.items()})
+
     def read_service_states(self, path: str | None = None) -> dict[str, Any] | None:
         """The services' states saved in a checkpoint, read without restoring anything.
 

@@ -129,6 +129,26 @@ def loss_tracker(model: keras.Model) -> Any:
     return model._loss_tracker
 
 
+def moving_averages(optimizer: Any, variables: list[Any]) -> list[tuple[Any, Any]]:
+    """Each of `variables` with the optimizer's moving average of it (`use_ema=True`), where it has one.
+
+    Keras keeps the averages in `_model_variables_moving_average`, indexed as
+    the optimizer's trainable variables (`_get_variable_index`).
+    """
+    averages = getattr(optimizer, "_model_variables_moving_average", None)
+    if averages is None or not hasattr(optimizer, "_get_variable_index"):
+        raise _missing("the optimizer's `_model_variables_moving_average`", "the EMA weights of `ema_decay`")
+    pairs = []
+    for variable in variables:
+        try:
+            average = averages[optimizer._get_variable_index(variable)]
+        except KeyError:  # not trained by this optimizer
+            continue
+        if average is not None:
+            pairs.append((variable, average))
+    return pairs
+
+
 def resolve_auto_jit_compile(model: keras.Model) -> bool:
     """Whether `model.compile(jit_compile="auto")` would compile the model's steps with XLA.
 

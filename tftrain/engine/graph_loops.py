@@ -55,14 +55,20 @@ def loss_logs(logs: Any) -> list[Any]:
     return [value for key, value in logs.items() if isinstance(key, str) and is_loss_key(key)]
 
 
-def finite_in_graph(logs: Any) -> tf.Tensor:
-    """In-graph: whether every loss in the logs is finite (a scalar loss costs one op)."""
+def finite_in_graph(logs: Any, loss_limit: float | None = None) -> tf.Tensor:
+    """In-graph: whether every loss in the logs is finite (a scalar loss costs one op).
+
+    With `loss_limit`, a loss above it counts as not finite too (a blow-up:
+    `Trainer(loss_spike_threshold=...)`).
+    """
     checks = []
     for value in loss_logs(logs):
         value = tf.convert_to_tensor(value)
         if not value.dtype.is_floating:
             continue  # an integer loss cannot be NaN or infinite
         finite = tf.math.is_finite(value)
+        if loss_limit is not None:
+            finite = tf.logical_and(finite, value <= tf.cast(loss_limit, value.dtype))
         checks.append(finite if value.shape.rank == 0 else tf.reduce_all(finite))
     if not checks:
         return tf.constant(True)
@@ -102,6 +108,7 @@ def make_graph_loop(
     on_trace: Callable[[], None],
     *,
     flag_nonfinite: bool = False,
+    loss_limit: float | None = None,
 ):
     """A `tf.function` `(iterator, num_steps, halted, peeked=None, counted=False) -> (counts, nonfinite, logs)`.
 
@@ -113,6 +120,7 @@ def make_graph_loop(
         flag_nonfinite: (without `stop_on_nonfinite`) Run every step, and
             flag in `counts[2]` whether any step's loss was not finite; the
             returned `nonfinite` stays False, so the next call runs.
+        loss_limit: A loss above this counts as not finite (None: no limit).
 
     The returned `counts` is an int64 vector `[steps, examples, nonfinite]`;
     `nonfinite` (a bool) is the last step's test, to pass on as the next
@@ -150,7 +158,7 @@ def make_graph_loop(
             """With `flag_nonfinite`, the loop variable `seen` (first of `rest`), updated with this step's test."""
             if not flag_nonfinite:
                 return []
-            return [tf.logical_or(rest[0], tf.logical_not(finite_in_graph(logs)))]
+            return [tf.logical_or(rest[0], tf.logical_not(finite_in_graph(logs, loss_limit)))]
 
         if counted:
 
@@ -158,7 +166,7 @@ def make_graph_loop(
                 del examples
                 going = i < steps_to_run
                 if stop_on_nonfinite:
-                    return tf.logical_and(going, finite_in_graph(carried_logs(rest)))
+                    return tf.logical_and(going, finite_in_graph(carried_logs(rest), loss_limit))
                 return going
 
             def body(i, examples, *rest):
@@ -177,7 +185,7 @@ def make_graph_loop(
                 logs = step(batch)
                 going = i + 1 < steps_to_run
                 if stop_on_nonfinite:
-                    going = tf.logical_and(going, finite_in_graph(logs))
+                    going = tf.logical_and(going, finite_in_graph(logs, loss_limit))
                 # Fetch a batch only if it will be used: a fetched batch that is not trained on is lost.
                 following = tf.cond(going, iterator.get_next_as_optional, lambda: _empty(iterator))
                 return (i + 1, count(examples, batch), following, *flagged(rest, logs), *carry(logs))
@@ -207,14 +215,18 @@ def make_graph_loop(
             return counts, tf.constant(False), logs
         if plain is not None:
             logs = carried_logs(carried)
-            nonfinite = tf.logical_not(finite_in_graph(logs)) if stop_on_nonfinite else tf.constant(False)
+            nonfinite = (
+                tf.logical_not(finite_in_graph(logs, loss_limit)) if stop_on_nonfinite else tf.constant(False)
+            )
             nonfinite = tf.logical_and(steps > 0, nonfinite)
         else:
             logs = carried[0]
             nonfinite = tf.constant(False)
             if stop_on_nonfinite:
                 nonfinite = tf.cond(
-                    logs.has_value(), lambda: tf.logical_not(finite_in_graph(logs.get_value())), lambda: False
+                    logs.has_value(),
+                    lambda: tf.logical_not(finite_in_graph(logs.get_value(), loss_limit)),
+                    lambda: False,
                 )
         counts = tf.stack([tf.cast(steps, tf.int64), examples, tf.cast(nonfinite, tf.int64)])
         return counts, nonfinite, logs
@@ -223,7 +235,12 @@ def make_graph_loop(
 
 
 def make_single_step(
-    step: StepFn, stop_on_nonfinite: bool, on_trace: Callable[[], None], *, jit_compile: bool = False
+    step: StepFn,
+    stop_on_nonfinite: bool,
+    on_trace: Callable[[], None],
+    *,
+    jit_compile: bool = False,
+    loss_limit: float | None = None,
 ):
     """A `tf.function` for one step per host call that returns `(counts, logs)`.
 
@@ -248,13 +265,16 @@ def make_single_step(
         stop_on_nonfinite: Test the step's loss; the flag is `counts[2]`.
         on_trace: Called each time the function traces.
         jit_compile: The step is XLA-compiled (see above).
+        loss_limit: A loss above this counts as not finite (None: no limit).
 
     The returned `counts` is an int64 vector `[1, examples, nonfinite]`.
     """
 
     def counted_step(batch, batch_size):
         logs = step(batch)
-        nonfinite = tf.logical_not(finite_in_graph(logs)) if stop_on_nonfinite else tf.constant(False)
+        nonfinite = (
+            tf.logical_not(finite_in_graph(logs, loss_limit)) if stop_on_nonfinite else tf.constant(False)
+        )
         examples = (
             tf.constant(batch_size, tf.int64) if batch_size is not None else inputs.examples_in_batch(batch)
         )

@@ -54,9 +54,13 @@ def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None
     return None if None in sizes else sum(sizes)
 
 
-def _nonfinite_on_host(logs: Any) -> bool:
-    values = graph_loops.loss_logs(logs)
-    return any(not np.all(np.isfinite(np.asarray(value, dtype=np.float64))) for value in values)
+def _nonfinite_on_host(logs: Any, loss_limit: float | None = None) -> bool:
+    """Whether a loss log is NaN or infinite (or above `loss_limit`), tested on the host."""
+    for value in graph_loops.loss_logs(logs):
+        value = np.asarray(value, dtype=np.float64)
+        if not np.all(np.isfinite(value)) or (loss_limit is not None and np.any(value > loss_limit)):
+            return True
+    return False
 
 
 class StepLoop:
@@ -89,8 +93,10 @@ class StepLoop:
         compiled: bool = False,
         jit_compile: bool = False,
         flag_nonfinite: bool = False,
+        loss_limit: float | None = None,
     ):
         self.step = step
+        self.loss_limit = loss_limit if stop_on_nonfinite else None
         self.trace_counter = trace_counter
         self.strategy = strategy
         self.stop_on_nonfinite = stop_on_nonfinite
@@ -104,14 +110,23 @@ class StepLoop:
             self._graph_loop = graph_loops.make_collecting_graph_loop(step, strategy)
         elif in_graph:
             self._graph_loop = graph_loops.make_graph_loop(
-                step, strategy, stop_on_nonfinite, self._count_trace, flag_nonfinite=self.flag_nonfinite
+                step,
+                strategy,
+                stop_on_nonfinite,
+                self._count_trace,
+                flag_nonfinite=self.flag_nonfinite,
+                loss_limit=self.loss_limit,
             )
         self._single_step = None
         self._single_step_on_batch = jit_compile  # the XLA single step takes the batch, not the iterator
         if compiled and not in_graph and not collect:
             # One step per call: its loss test is the flag either way (nothing to stop).
             self._single_step = graph_loops.make_single_step(
-                step, stop_on_nonfinite or self.flag_nonfinite, self._count_trace, jit_compile=jit_compile
+                step,
+                stop_on_nonfinite or self.flag_nonfinite,
+                self._count_trace,
+                jit_compile=jit_compile,
+                loss_limit=self.loss_limit,
             )
         # Per iterator, held weakly (a finished pass's iterator and its buffers are
         # freed): the concrete functions by call kind (`_concrete`), and whether
@@ -297,13 +312,22 @@ class StepLoop:
                 lambda: _waited(result)._replace(nonfinite=bool(seen)), result.steps, result.logs
             )
         result, _ = _host_loop(
-            self.step, iterator, num_steps, self.strategy, self.stop_on_nonfinite, self.collect, first
+            self.step,
+            iterator,
+            num_steps,
+            self.strategy,
+            self.stop_on_nonfinite,
+            self.collect,
+            first,
+            loss_limit=self.loss_limit,
         )
         if self.collect or not self.stop_on_nonfinite or not result.steps or result.nonfinite:
             return PendingCall(lambda: _waited(result), result.steps, result.logs)
         # The last step's loss is read with the result: that read is the call's one wait for the device.
         return PendingCall(
-            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs)), result.steps, result.logs
+            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs, self.loss_limit)),
+            result.steps,
+            result.logs,
         )
 
 
@@ -329,6 +353,7 @@ def _host_loop(
     first: Any,
     *,
     flag: bool = False,
+    loss_limit: float | None = None,
 ) -> tuple[LoopResult, Any]:
     """Runs the steps from the host; returns the result and (with `flag`) whether any step's loss was not finite.
 
@@ -354,7 +379,7 @@ def _host_loop(
         if flag:
             seen = tf.logical_or(seen, tf.logical_not(graph_loops.finite_in_graph(logs)))
         # The last step's loss is tested with the call's result (`StepLoop._host_call`).
-        if stop_on_nonfinite and index + 1 < num_steps and _nonfinite_on_host(logs):
+        if stop_on_nonfinite and index + 1 < num_steps and _nonfinite_on_host(logs, loss_limit):
             return LoopResult(steps, examples, logs, True), seen
     return LoopResult(steps, examples, collected if collect else logs), seen
 
@@ -388,6 +413,7 @@ def make_loop(
     stop_on_nonfinite: bool = False,
     collect: bool = False,
     step_counter: tf.Variable | None = None,
+    loss_limit: float | None = None,
 ) -> StepLoop:
     """Builds the engine for one step function.
 
@@ -406,6 +432,8 @@ def make_loop(
         step_counter: An integer variable (the run's global step) incremented
             in the graph before each step, so `tf.summary` calls inside the
             step see the number of the step they belong to (1-based).
+        loss_limit: With `stop_on_nonfinite`: a loss above this stops the
+            call too, flagged as a non-finite one is (a loss spike).
 
     Returns:
         A `StepLoop`.
@@ -434,6 +462,7 @@ def make_loop(
             collect,
             compiled=options.use_tf_function,
             jit_compile=options.jit_compile,
+            loss_limit=loss_limit,
         )
 
     devices = strategy.extended.worker_devices
@@ -461,4 +490,4 @@ def make_loop(
     step = counter.wrap(replicated_step if step_counter is None else _counted(replicated_step, step_counter))
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True)
-    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect)
+    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect, loss_limit=loss_limit)

@@ -42,6 +42,7 @@ class Engines:
         strategy: The strategy they run under.
         global_step: The run's global step, incremented before each training step.
         stop_on_nonfinite: Training calls stop at a non-finite loss.
+        loss_limit: Training calls also stop at a loss above this (a spike), or None.
     """
 
     def __init__(
@@ -52,12 +53,14 @@ class Engines:
         global_step: tf.Variable,
         *,
         stop_on_nonfinite: bool,
+        loss_limit: float | None = None,
     ):
         self.step_of = step_of
         self.options = options
         self.strategy = strategy
         self.global_step = global_step
         self.stop_on_nonfinite = stop_on_nonfinite
+        self.loss_limit = loss_limit
         self.loops: dict[str, step_loop.StepLoop] = {}
         self._past_nonfinite: step_loop.StepLoop | None = None  # built for a fit with `TerminateOnNaN`
         self.auto_steps: dict[str, StepsPerCall] = {}
@@ -83,6 +86,7 @@ class Engines:
                 stop_on_nonfinite=kind == "train" and self.stop_on_nonfinite,
                 collect=kind == "predict",
                 step_counter=self.global_step if kind == "train" else None,
+                loss_limit=self.loss_limit if kind == "train" else None,
             )
         if stop_on_nonfinite or kind != "train" or not self.stop_on_nonfinite:
             return self.loops[kind]

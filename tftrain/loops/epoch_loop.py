@@ -65,7 +65,12 @@ def run_pass(
     step = run.progress.step_in_epoch if run is not None else 0
     logs, data_ended, unread = None, False, None
     # Results are read one call late where nothing on the host needs them at once (module doc).
-    may_defer = run is not None and step_loop.pipelines and hooks.is_no_hook(on_batch_end)
+    may_defer = (
+        run is not None
+        and not run.reads_every_call
+        and step_loop.pipelines
+        and hooks.is_no_hook(on_batch_end)
+    )
     if run is not None:
         run.epoch_steps = target
     try:
@@ -139,7 +144,8 @@ def run_pass(
                 else:  # the index Keras reports for a call of `requested` steps
                     on_batch_end(keras_internals.batch_end_index(begin, requested), logs)
             steps_per_call.record(result.steps, time.perf_counter() - call_start, traced)
-            if result.steps < wanted:
+            rolled_back = result.nonfinite and run is not None and run.reads_every_call
+            if result.steps < wanted and not rolled_back:  # a rolled-back call stopped at its blow-up
                 data_ended = True
                 if plan.may_end_unannounced and not (steps_per_call.auto or shortened_by_run):
                     # Keras's epoch iterator counts k steps per call and starts one more

@@ -37,6 +37,8 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     model, engines = owner.model, owner.engines
     # A `TerminateOnNaN` among the callbacks decides what a NaN does: no call stops at one (the guard steps aside).
     callbacks_decide_nan = owner.run_options.terminate_on_nan and hooks.terminates_on_nan(call.callbacks)
+    if callbacks_decide_nan:
+        _check_recovery_without_terminate_on_nan(owner)
     train_loop = engines.loop("train", stop_on_nonfinite=not callbacks_decide_nan)
     timer = timing.StepTimer()
     measured = timer if owner.measure_timing else None
@@ -63,6 +65,9 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             owner.run_options.model_dir, owner.run_options.summary_every_steps
         ),
         callbacks_decide_nan=callbacks_decide_nan,
+        recovery=owner.recovery,
+        reset_metrics=owner.reset_metrics,
+        averaged_weights=owner.averaged_weights if owner.ema_decay is not None else None,
     )
     try:
         epochs = _target_epochs(call, run)
@@ -87,8 +92,9 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
                 break
         engine_name = engines.train_engine_name(callback_list)  # after "auto" chose
         optimizer = getattr(model, "optimizer", None)
-        if isinstance(optimizer, keras.optimizers.Optimizer) and call.epochs > 0:
-            optimizer.finalize_variable_values(model.trainable_weights)  # e.g. EMA weights
+        # E.g. EMA weights, as fit ends; with `ema_decay` the model keeps its raw weights.
+        if isinstance(optimizer, keras.optimizers.Optimizer) and call.epochs > 0 and owner.ema_decay is None:
+            optimizer.finalize_variable_values(model.trainable_weights)
         callback_list.on_train_end(logs=training_logs)
     finally:
         try:
@@ -138,6 +144,18 @@ def _train_epoch(
     callback_list.on_epoch_end(epoch, epoch_logs)
     run.end_epoch(keras_internals.pythonify_logs(epoch_logs))
     return epoch_logs
+
+
+def _check_recovery_without_terminate_on_nan(owner: StepOwner) -> None:
+    """A `TerminateOnNaN` callback decides what a NaN does: no rollback or spike threshold beside it."""
+    recovery = owner.recovery
+    if recovery.rollback or recovery.loss_spike_threshold is not None:
+        raise ValueError(
+            "Invalid combination of arguments. Received: a keras.callbacks.TerminateOnNaN in `callbacks` "
+            f"with on_nonfinite={recovery.on_nonfinite!r}, loss_spike_threshold={recovery.loss_spike_threshold!r}. "
+            "Expected one policy for a loss blow-up: remove the callback (the Trainer's policy decides), "
+            "or pass on_nonfinite='stop' and loss_spike_threshold=None (the callback decides)."
+        )
 
 
 def _target_epochs(call: FitCall, run: TrainingRun) -> int:

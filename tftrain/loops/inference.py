@@ -113,13 +113,14 @@ def run_evaluation(
     plan.reset()
     callback_list.on_test_begin()
     owner.reset_metrics()
-    logs = epoch_loop.run_pass(
-        plan,
-        owner.engines.loop("eval"),
-        *hooks.batch_hooks(callback_list, "test"),
-        steps_per_loop=owner.engines.steps_per_call("eval", callback_list),
-        should_stop=lambda: getattr(owner.model, "stop_evaluating", False),
-    )
+    with owner.averaged_weights():
+        logs = epoch_loop.run_pass(
+            plan,
+            owner.engines.loop("eval"),
+            *hooks.batch_hooks(callback_list, "test"),
+            steps_per_loop=owner.engines.steps_per_call("eval", callback_list),
+            should_stop=lambda: getattr(owner.model, "stop_evaluating", False),
+        )
     results = keras_internals.pythonify_logs(pass_logs(owner, logs, "eval"))
     callback_list.on_test_end(results)
     return results
@@ -153,14 +154,15 @@ def run_prediction(owner: StepOwner, plan: EpochPlan, callback_list: keras.callb
 
     owner.model.stop_predicting = False
     callback_list.on_predict_begin()
-    epoch_loop.run_pass(
-        plan,
-        owner.engines.loop("predict"),
-        begin_hook,
-        on_batch_end,
-        steps_per_loop=owner.engines.steps_per_call("predict", callback_list),
-        should_stop=lambda: getattr(owner.model, "stop_predicting", False),
-    )
+    with owner.averaged_weights():
+        epoch_loop.run_pass(
+            plan,
+            owner.engines.loop("predict"),
+            begin_hook,
+            on_batch_end,
+            steps_per_loop=owner.engines.steps_per_call("predict", callback_list),
+            should_stop=lambda: getattr(owner.model, "stop_predicting", False),
+        )
     callback_list.on_predict_end()
     return _join_predictions(chunks, to_numpy=True)
 

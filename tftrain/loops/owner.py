@@ -6,6 +6,7 @@ which the Trainer implements.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 import keras
@@ -15,6 +16,7 @@ from tftrain.options import RunOptions
 
 if TYPE_CHECKING:
     from tftrain.loops.engines import Engines
+    from tftrain.services.loss_recovery import RecoveryPolicy
     from tftrain.services.protocol import Service
 
 
@@ -28,6 +30,9 @@ class StepOwner(Protocol):
         measure_timing: Whether host calls are timed.
         global_step: The run's global step variable.
         services: The user's own services, added to every fit's.
+        recovery: What a loss blow-up does (stop, or roll back).
+        ema_decay: The decay of the optimizer's moving average of the
+            weights that evaluation uses (`averaged_weights`), or None.
     """
 
     model: keras.Model
@@ -36,6 +41,11 @@ class StepOwner(Protocol):
     measure_timing: bool
     global_step: tf.Variable
     services: tuple[Service, ...]
+    recovery: RecoveryPolicy
+    ema_decay: float | None
+
+    def averaged_weights(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which the model holds the weights evaluation uses (the EMA averages with `ema_decay`)."""
 
     @property
     def metrics(self) -> list[keras.metrics.Metric]:

@@ -12,8 +12,8 @@
 4. the services' state (each service's `load_state_dict`, by name);
 5. the data position (`EpochPlan.resume`).
 
-The services run in this order after each host call: the NaN guard, the step
-budget, the call's own and the user's services, the profiler, TensorBoard
+The services run in this order after each host call: the NaN guard (or, with
+`on_nonfinite="rollback"`, the loss recovery), the step budget, the call's own and the user's services, the profiler, TensorBoard
 summaries, the best checkpoint, checkpoints, preemption, the writer lock,
 in-step summaries and timing.
 """
@@ -39,6 +39,7 @@ from tftrain.options import RunOptions, check_profile_steps
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.data_position import DataCheckpointService
+from tftrain.services.loss_recovery import LossRecovery, RecoveryPolicy
 from tftrain.services.multiworker_preemption import MultiWorkerPreemption, multiworker_preemption
 from tftrain.services.nan_guard import NonFiniteGuard
 from tftrain.services.periodic_validation import PeriodicValidation
@@ -56,7 +57,7 @@ __all__ = ["BUILT_IN_NAMES", "report_resume", "start_run"]
 BUILT_IN_NAMES = frozenset(
     service.name
     for service in (
-        NonFiniteGuard, StepBudget, PeriodicValidation, DataCheckpointService, ProfilerService, SummaryService,
+        NonFiniteGuard, LossRecovery, StepBudget, PeriodicValidation, DataCheckpointService, ProfilerService, SummaryService,
         BestCheckpointService, CheckpointService, PreemptionService, MultiWorkerPreemption, WriterLockService,
         InStepSummaryService, TimingService,
     )
@@ -106,6 +107,9 @@ def start_run(
     global_step: tf.Variable | None = None,
     in_step_summaries: Callable[[], InStepSummaries | None] | None = None,
     callbacks_decide_nan: bool = False,
+    recovery: RecoveryPolicy | None = None,
+    reset_metrics: Callable[[], None] | None = None,
+    averaged_weights: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> TrainingRun:
     """Sets up one `fit`: restores the latest checkpoint and builds its services.
 
@@ -140,6 +144,13 @@ def start_run(
             `TerminateOnNaN`: the NaN guard raises nothing, and no checkpoint
             is written from the first non-finite step on
             (`tftrain.services.nan_guard`).
+        recovery: What a loss blow-up does; with `on_nonfinite="rollback"`
+            (and `model_dir`) a `LossRecovery` takes the NaN guard's place,
+            first among the services.
+        reset_metrics: Resets the training metrics (after a rollback to
+            another epoch's checkpoint).
+        averaged_weights: A block in which the model holds its EMA weights
+            (`ema_decay`): the best checkpoint is saved in one. None: as they are.
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -157,9 +168,13 @@ def start_run(
     window = check_profile_steps(options.profile_steps, planned_steps)
     timing_service = TimingService(timer, trace_counter)
     services: list[Service] = []
-    if options.terminate_on_nan:
+    recovery = recovery or RecoveryPolicy()
+    rollback = recovery.rollback and options.model_dir is not None
+    if options.terminate_on_nan and not rollback:
         guard = NonFiniteGuard(
-            callbacks_decide=callbacks_decide_nan, checkpoints=options.model_dir is not None
+            callbacks_decide=callbacks_decide_nan,
+            checkpoints=options.model_dir is not None,
+            loss_limit=recovery.loss_spike_threshold,
         )
         services.append(guard)
     if total_steps is not None:
@@ -169,7 +184,7 @@ def start_run(
     try:
         if options.model_dir is not None:
             path = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
-            where = _ModelDir(path, options, place, model, extra_state, global_step)
+            where = _ModelDir(path, options, place, model, extra_state, global_step, averaged_weights)
             # The chief is the writer: one per model_dir, held before anything there is touched.
             lock = WriterLock(path) if where.chief else None
             checkpointer = where.checkpointer()
@@ -181,6 +196,8 @@ def start_run(
                     verbose,
                 )
             _add_model_dir_services(services, where, checkpointer, window, timer, restored, data_mode)
+            if rollback:
+                services.insert(0, _loss_recovery(recovery, services, model, reset_metrics))
             if lock is not None:
                 services.append(WriterLockService(lock))  # released at the run's end, after the last save
                 lock = None
@@ -221,6 +238,7 @@ class _ModelDir:
     model: Any
     extra_state: Callable[[], dict[str, Any]]
     global_step: tf.Variable | None
+    averaged_weights: Callable[[], contextlib.AbstractContextManager[None]] | None = None
 
     @property
     def chief(self) -> bool:
@@ -320,7 +338,12 @@ def _add_model_dir_services(
         # Before the regular checkpoint: the best value it saves must include this epoch's.
         best = where.checkpointer(best=True)
         services.append(
-            BestCheckpointService(best, options.best_checkpoint_monitor, options.best_checkpoint_mode)
+            BestCheckpointService(
+                best,
+                options.best_checkpoint_monitor,
+                options.best_checkpoint_mode,
+                weights=where.averaged_weights,
+            )
         )
     save_iterator = data_mode != data_position.POSITION
     checkpoints = CheckpointService(
@@ -335,6 +358,24 @@ def _add_model_dir_services(
         )
         if preemption is not None:
             services.append(preemption)
+
+
+def _loss_recovery(
+    policy: RecoveryPolicy,
+    services: list[Service],
+    model: Any,
+    reset_metrics: Callable[[], None] | None,
+) -> LossRecovery:
+    """The rollback service, on the run's checkpoints (and TensorBoard writers, on the chief)."""
+    checkpoints = next(service for service in services if isinstance(service, CheckpointService))
+    writer = next((service.writer for service in services if isinstance(service, SummaryService)), None)
+    return LossRecovery(
+        policy,
+        checkpoints,
+        optimizer=getattr(model, "optimizer", None),
+        reset_metrics=reset_metrics or (lambda: None),
+        writer=writer,
+    )
 
 
 def _check_names(services: list[Service]) -> None:

@@ -53,6 +53,8 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.timer = timing_service.timer if timing_service is not None else None
         self.nonfinite_step: int | None = None  # `RunState.nonfinite_step`: no checkpoint once set
         self._unread: tuple[calls.PendingCall, bool] | None = None  # filed, results not read yet
+        # A service acts on each call's results before the next call (`Service.reads_every_call`).
+        self.reads_every_call = any(service.reads_every_call for service in self.services)
 
     @property
     def finished(self) -> bool:
@@ -79,6 +81,18 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
     def latest_checkpoint(self) -> str | None:
         """The newest checkpoint of the run, or None."""
         return self.checkpointer.latest if self.checkpointer is not None else None
+
+    def roll_back(self) -> tuple[str, checkpoint_lib.Progress]:
+        """Restores the newest checkpoint's training state; progress, data and services go on (`RunState.roll_back`)."""
+        path = self.latest_checkpoint()
+        if path is None:
+            raise ValueError(
+                "Cannot roll back: this run has no checkpoint. Expected a `model_dir` holding one "
+                "(a run with on_nonfinite='rollback' saves one before its first step)."
+            )
+        restored = self.checkpointer.restore_training_state(path)
+        self.nonfinite_step = None
+        return path, restored
 
     def service_states(self) -> dict[str, Any]:
         """Every service's state, by name (saved with a checkpoint)."""

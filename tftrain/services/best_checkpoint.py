@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from tftrain.checkpoint import Checkpointer
@@ -23,6 +25,9 @@ class BestCheckpointService(Service):
         checkpointer: Writes to the best checkpoint's directory (`max_to_keep=1`).
         monitor: The log to watch, e.g. `"val_loss"`.
         mode: `"min"`, `"max"`, or `"auto"` (max for accuracy-like names, else min).
+        weights: A block in which the model holds the weights that were
+            validated (the EMA averages, `Trainer(ema_decay=...)`): the best
+            checkpoint's model weights are those. None: the weights as they are.
 
     Raises:
         ValueError: (at the first epoch end or validation) `monitor` is not among the logs.
@@ -30,8 +35,16 @@ class BestCheckpointService(Service):
 
     name = "best_checkpoint"
 
-    def __init__(self, checkpointer: Checkpointer, monitor: str, mode: str = "auto"):
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        monitor: str,
+        mode: str = "auto",
+        *,
+        weights: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    ):
         self.checkpointer = checkpointer
+        self.weights = weights or contextlib.nullcontext
         self.monitor = monitor
         if mode == "auto":
             mode = "max" if any(part in monitor for part in ("acc", "auc", "precision", "recall")) else "min"
@@ -67,7 +80,8 @@ class BestCheckpointService(Service):
             return
         self.best = value
         progress = run.progress
-        self.checkpointer.save(progress, None, run.service_states(), number=progress.global_step)
+        with self.weights():
+            self.checkpointer.save(progress, None, run.service_states(), number=progress.global_step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"monitor": self.monitor, "best": self.best}

@@ -30,13 +30,18 @@ class NonFiniteGuard(Service):
             run's checkpoints stop at the first non-finite step); warn once
             if `checkpoints` are skipped from there.
         checkpoints: The run writes checkpoints (it has a `model_dir`).
+        loss_limit: A loss above this stopped the step too
+            (`loss_spike_threshold`), or None.
     """
 
     name = "nan_guard"
 
-    def __init__(self, *, callbacks_decide: bool = False, checkpoints: bool = False):
+    def __init__(
+        self, *, callbacks_decide: bool = False, checkpoints: bool = False, loss_limit: float | None = None
+    ):
         self.callbacks_decide = callbacks_decide
         self.checkpoints = checkpoints
+        self.loss_limit = loss_limit
         self._warned = False
 
     def results_read(self, run: RunState, result: Any) -> None:
@@ -64,11 +69,18 @@ class NonFiniteGuard(Service):
             if graph_loops.is_loss_key(key)
         }
         last_good = run.latest_checkpoint()
+        finite = all(np.all(np.isfinite(np.asarray(value, dtype=np.float64))) for value in losses.values())
+        what = (
+            f"a loss is above loss_spike_threshold={self.loss_limit:g}"
+            if finite and self.loss_limit is not None
+            else "the loss is not finite"
+        )
         raise NonFiniteLossError(
             f"Training stopped at step {progress.global_step} (epoch {progress.epoch + 1}, "
-            f"step {progress.step_in_epoch} of the epoch): the loss is not finite: {losses}. "
+            f"step {progress.step_in_epoch} of the epoch): {what}: {losses}. "
             "No checkpoint was written for this step"
             + (f"; the last good checkpoint is {last_good}." if last_good else ".")
             + " Lower the learning rate, clip gradients (e.g. `clipnorm=` on the optimizer) or check "
-            "the inputs of this step for NaN/Inf. Pass `terminate_on_nan=False` to train on."
+            "the inputs of this step for NaN/Inf. Pass `on_nonfinite='rollback'` to go back to the last "
+            "good checkpoint and skip these batches, or `terminate_on_nan=False` to train on."
         )

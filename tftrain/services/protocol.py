@@ -70,6 +70,21 @@ class RunState(Protocol):
     def report_validation(self, logs: dict[str, Any]) -> None:
         """Tells every service (`Service.validated`) of a validation taken at the current step."""
 
+    def roll_back(self) -> tuple[str, Progress]:
+        """Restores the training state of the run's newest checkpoint; the run goes on from where it is.
+
+        The model, its optimizer, the metrics and the owner's own state take
+        the checkpoint's values; the global step, the data position and the
+        services' states do not (the batches read since are not read again).
+        Clears `nonfinite_step`, so checkpoints are written again.
+
+        Returns:
+            The checkpoint's path and its progress.
+
+        Raises:
+            ValueError: the run has no checkpoint.
+        """
+
 
 class Service:
     """A service of a training run; every method has a do-nothing default.
@@ -80,6 +95,9 @@ class Service:
 
     Attributes:
         name: The key of the service's state in a checkpoint (unique in a run).
+        reads_every_call: The service must act on each host call's results
+            before the next call is dispatched (a rollback); otherwise a
+            call's results may be read one call late.
 
     Example:
         ```python
@@ -101,6 +119,7 @@ class Service:
     """
 
     name = "service"
+    reads_every_call = False
 
     def next_stop(self, step: int) -> int | None:
         """The next global step after `step` at which a host call must end, or None."""

@@ -1,0 +1,236 @@
+"""`on_nonfinite="rollback"`: a loss blow-up restores the last good checkpoint and skips the batches that caused it.
+
+The reference for what a rollback leaves is a run that never read the
+skipped batches: with the same seeds, its weights, optimizer state and logs
+must be bit-identical to those of the run that rolled back.
+"""
+
+import json
+import logging
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import ENGINES, finish_job, read_run, start_job
+
+import tftrain
+from tftrain.services.loss_recovery import RecoveryPolicy
+
+BATCH = 4
+STEPS = 12
+JOB = os.path.join(os.path.dirname(os.path.dirname(__file__)), "jobs", "rollback_job.py")
+
+
+def data():
+    rng = np.random.RandomState(0)
+    x = rng.rand(STEPS * BATCH, 5).astype("float32")
+    y = rng.rand(STEPS * BATCH, 2).astype("float32")
+    return x, y
+
+
+def batches(x, y, *, nan_steps=(), spike_steps=(), without=()):
+    """The run's batches in order (1-based steps): NaN or 1e4 targets at some, some left out."""
+    y = y.copy()
+    for step in nan_steps:
+        y[(step - 1) * BATCH] = np.nan
+    for step in spike_steps:
+        y[(step - 1) * BATCH : step * BATCH] = 1e4
+    keep = [step for step in range(1, STEPS + 1) if step not in without]
+    rows = np.concatenate([np.arange((step - 1) * BATCH, step * BATCH) for step in keep])
+    return tf.data.Dataset.from_tensor_slices((x[rows], y[rows])).batch(BATCH)
+
+
+def make_model():
+    keras.utils.set_random_seed(3)
+    return keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)]
+    )
+
+
+def trainer(model, **kwargs):
+    return tftrain.Trainer(model, keras.optimizers.Adam(0.01), "mse", metrics=["mae"], **kwargs)
+
+
+def assert_same_state(a, b):
+    for x, y in zip(a.get_weights() + [v.numpy() for v in a.optimizer.variables],
+                    b.get_weights() + [v.numpy() for v in b.optimizer.variables], strict=True):  # fmt: skip
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("engine", ["eager", "graph", "loop3", "xla"])
+def test_rollback_equals_a_run_that_never_read_the_skipped_batches(engine, tmp_path, caplog):
+    x, y = data()
+    model = make_model()
+    run = trainer(
+        model,
+        model_dir=str(tmp_path / "run"),
+        checkpoint_every_steps=3,
+        on_nonfinite="rollback",
+        **ENGINES[engine],
+    )
+    with caplog.at_level(logging.WARNING, logger="tftrain"):
+        history = run.fit(batches(x, y, nan_steps=(5, 10)), epochs=1, verbose=0)
+    # Checkpoints at steps 0 (before the first step), 3, 6, 9: step 5 goes back to 3, step 10 to 9.
+    messages = [record.getMessage() for record in caplog.records if "rollback" in record.getMessage()]
+    assert len(messages) == 2, messages
+    assert "at step 5" in messages[0] and "(step 3)" in messages[0] and "2 batch(es)" in messages[0]
+    assert "at step 10" in messages[1] and "(step 9)" in messages[1]
+    assert int(run.global_step.numpy()) == STEPS  # the data position went on
+
+    reference = make_model()
+    clean = trainer(reference, **ENGINES[engine])
+    clean_history = clean.fit(batches(x, y, without=(4, 5, 10)), epochs=1, verbose=0)
+    assert_same_state(model, reference)
+    assert history.history == clean_history.history
+    assert int(model.optimizer.iterations.numpy()) == STEPS - 3
+
+
+def test_a_run_without_a_checkpoint_saves_one_before_its_first_step(tmp_path):
+    x, y = data()
+    model = make_model()
+    run = trainer(model, model_dir=str(tmp_path / "run"), on_nonfinite="rollback", steps_per_loop=1)
+    run.fit(batches(x, y, nan_steps=(2,)), epochs=1, verbose=0)
+    reference = make_model()
+    trainer(reference, steps_per_loop=1).fit(batches(x, y, without=(1, 2)), epochs=1, verbose=0)
+    assert_same_state(model, reference)
+
+
+def test_a_loss_spike_above_the_threshold_rolls_back(tmp_path):
+    x, y = data()
+    model = make_model()
+    run = trainer(
+        model,
+        model_dir=str(tmp_path / "run"),
+        checkpoint_every_steps=1,
+        on_nonfinite="rollback",
+        loss_spike_threshold=1e3,
+        steps_per_loop=4,
+    )
+    run.fit(batches(x, y, spike_steps=(7,)), epochs=1, verbose=0)
+    reference = make_model()
+    trainer(reference, steps_per_loop=4).fit(batches(x, y, without=(7,)), epochs=1, verbose=0)
+    assert_same_state(model, reference)
+
+
+def test_a_spike_with_on_nonfinite_stop_raises_naming_the_threshold(tmp_path):
+    x, y = data()
+    run = trainer(make_model(), loss_spike_threshold=1e3, steps_per_loop=4)
+    with pytest.raises(
+        tftrain.NonFiniteLossError, match=r"Training stopped at step 7 .*above loss_spike_threshold=1000"
+    ):
+        run.fit(batches(x, y, spike_steps=(7,)), epochs=1, verbose=0)
+
+
+def test_more_blow_ups_than_max_rollbacks_stop_with_the_error(tmp_path):
+    x, y = data()
+    run = trainer(make_model(), model_dir=str(tmp_path / "run"), on_nonfinite="rollback", max_rollbacks=1)
+    with pytest.raises(
+        tftrain.NonFiniteLossError, match=r"step 8: the loss is not finite.*after 1 rollback.*\[3\]"
+    ):
+        run.fit(batches(x, y, nan_steps=(3, 8)), epochs=1, verbose=0)
+
+
+def test_rollbacks_scale_the_learning_rate_and_are_written_to_tensorboard(tmp_path):
+    x, y = data()
+    model = make_model()
+    run = trainer(
+        model,
+        model_dir=str(tmp_path / "run"),
+        on_nonfinite="rollback",
+        rollback_lr_factor=0.5,
+        summary_every_steps=2,
+        steps_per_loop=2,
+    )
+    run.fit(batches(x, y, nan_steps=(3, 8)), epochs=1, verbose=0)
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.0025)
+    latest = tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints"))
+    reader = tf.train.load_checkpoint(latest)
+    states = json.loads(reader.get_tensor("timing/.ATTRIBUTES/VARIABLE_VALUE"))
+    records = states["loss_recovery"]["rollbacks"]
+    assert [record["step"] for record in records] == [3, 8]
+    assert records[0]["losses"] == {"loss": "nan"}
+    assert records[1]["learning_rate"] == pytest.approx(0.0025)
+    assert read_run(tmp_path / "run" / "train")["rollbacks"] == [(3, 1.0), (8, 2.0)]
+
+
+def test_a_rollback_to_an_earlier_epoch_resets_the_epochs_metrics(tmp_path):
+    x, y = data()
+    model = make_model()
+    run = trainer(model, model_dir=str(tmp_path / "run"), on_nonfinite="rollback", steps_per_loop=1)
+    # Epoch 2's first batch (step 13) blows up: back to epoch 1's end, epoch 2's metrics start afresh.
+    repeated = batches(x, y).concatenate(batches(x, y, nan_steps=(1,)))
+    history = run.fit(repeated, epochs=2, steps_per_epoch=STEPS, verbose=0)
+    reference = make_model()
+    clean = trainer(reference, steps_per_loop=1)
+    clean_history = clean.fit(
+        batches(x, y).concatenate(batches(x, y, without=(1,))), epochs=2, steps_per_epoch=STEPS, verbose=0
+    )
+    assert_same_state(model, reference)
+    assert history.history["loss"][0] == clean_history.history["loss"][0]
+    # The clean run's second epoch has 11 steps, like the rolled-back one's.
+    assert history.history["loss"][1] == clean_history.history["loss"][1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(on_nonfinite="retry"), "Expected 'stop'"),
+        (dict(loss_spike_threshold=float("nan")), "loss_spike_threshold=nan"),
+        (dict(loss_spike_threshold="10"), "Expected a finite number"),
+        (dict(max_rollbacks=-1), "max_rollbacks=-1"),
+        (dict(rollback_lr_factor=0.0), r"rollback_lr_factor=0.0\. Expected a number in \(0, 1\]"),
+        (dict(rollback_lr_factor=2), "rollback_lr_factor=2"),
+    ],
+)
+def test_bad_policies_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RecoveryPolicy(**kwargs)
+
+
+def test_rollback_needs_a_model_dir_and_the_loss_test(tmp_path):
+    with pytest.raises(ValueError, match="on_nonfinite='rollback' with model_dir=None"):
+        trainer(make_model(), on_nonfinite="rollback")
+    with pytest.raises(ValueError, match="terminate_on_nan=False"):
+        trainer(make_model(), model_dir=str(tmp_path), on_nonfinite="rollback", terminate_on_nan=False)
+
+
+def test_a_learning_rate_factor_needs_a_float_learning_rate(tmp_path):
+    x, y = data()
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9)
+    run = tftrain.Trainer(
+        make_model(),
+        keras.optimizers.Adam(schedule),
+        "mse",
+        model_dir=str(tmp_path),
+        on_nonfinite="rollback",
+        rollback_lr_factor=0.5,
+    )
+    with pytest.raises(
+        ValueError, match="rollback_lr_factor=0.5 with an optimizer whose learning rate is not"
+    ):
+        run.fit(batches(x, y), epochs=1, verbose=0)
+
+
+def test_terminate_on_nan_callback_beside_a_rollback_policy_is_an_error(tmp_path):
+    x, y = data()
+    run = trainer(make_model(), model_dir=str(tmp_path), on_nonfinite="rollback")
+    with pytest.raises(ValueError, match="TerminateOnNaN in `callbacks` with on_nonfinite='rollback'"):
+        run.fit(batches(x, y), epochs=1, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()])
+
+
+def test_a_run_killed_between_rollbacks_and_rerun_ends_bit_identical(tmp_path):
+    """Poison at steps 5 and 11, a spike at 17; SIGKILL after step 13; the rerun resumes at 12."""
+    uninterrupted, killed = tmp_path / "uninterrupted", tmp_path / "killed"
+    first, second = start_job(JOB, str(uninterrupted)), start_job(JOB, str(killed), "--kill-after=13")
+    finish_job(first)
+    finish_job(second, returncode=-9)
+    _, stderr = finish_job(start_job(JOB, str(killed)))
+    assert "rollback 3 of at most 5 at step 17" in stderr and "rollback 1 " not in stderr
+    with np.load(uninterrupted / "final.npz") as a, np.load(killed / "final.npz") as b:
+        assert int(a["steps"]) == int(b["steps"]) == 24
+        assert [record["step"] for record in json.loads(str(a["rollbacks"]))] == [5, 11, 17]
+        assert str(a["rollbacks"]) == str(b["rollbacks"])
+        for key in a.files:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
