@@ -16,6 +16,7 @@ _LAZY_NAMES = {
     "TimingReport": ("tftrain.timing", "TimingReport"),
     "NonFiniteLossError": ("tftrain.errors", "NonFiniteLossError"),
     "PreemptedError": ("tftrain.errors", "PreemptedError"),
+    "LearningRateSweep": ("tftrain.loops.lr_sweep", "LearningRateSweep"),
 }
 _SUBMODULES = {
     "callbacks",
@@ -38,6 +39,7 @@ __all__ = [
     "TimingReport",
     "NonFiniteLossError",
     "PreemptedError",
+    "LearningRateSweep",
     *sorted(_SUBMODULES),
 ]
 

@@ -28,6 +28,7 @@ __all__ = [
     "check_every_steps",
     "check_int",
     "check_jit_compile",
+    "check_lr_sweep",
     "check_profile_steps",
     "check_validation_every_steps",
     "check_validation_freq",
@@ -174,6 +175,40 @@ def check_validation_freq(value: Any) -> int | list[int]:
         f"Invalid value for argument `validation_freq`. Received: validation_freq={value!r}. Expected an "
         "integer >= 1 (validate every n epochs) or a list of 1-based epochs to validate after, e.g. [1, 5]."
     )
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float | np.integer | np.floating)
+
+
+def check_lr_sweep(min_lr: Any, max_lr: Any, steps: Any, smoothing: Any, stop_factor: Any) -> None:
+    """`Trainer.find_learning_rate`'s arguments: `0 < min_lr < max_lr`, `steps >= 2`, `0 <= smoothing < 1`, `stop_factor > 1`.
+
+    Raises:
+        ValueError: a value out of its range (or not a number), named with what was received.
+    """
+    if not _is_number(min_lr) or not 0 < min_lr < float("inf"):
+        raise ValueError(
+            f"Invalid value for argument `min_lr`. Received: min_lr={min_lr!r}. Expected a finite number "
+            "> 0: the first learning rate of the sweep, e.g. 1e-7."
+        )
+    if not _is_number(max_lr) or not min_lr < max_lr < float("inf"):
+        raise ValueError(
+            f"Invalid value for argument `max_lr`. Received: max_lr={max_lr!r} with min_lr={min_lr!r}. "
+            "Expected a finite number > min_lr: the last learning rate of the sweep, e.g. 10."
+        )
+    check_int("steps", steps, 2, meaning="(one training step per learning rate, from min_lr to max_lr)")
+    if not _is_number(smoothing) or not 0 <= smoothing < 1:
+        raise ValueError(
+            f"Invalid value for argument `smoothing`. Received: smoothing={smoothing!r}. Expected a number "
+            "in [0, 1): the weight of the past in the loss's moving average (0: no smoothing)."
+        )
+    if not _is_number(stop_factor) or not stop_factor > 1:
+        raise ValueError(
+            f"Invalid value for argument `stop_factor`. Received: stop_factor={stop_factor!r}. Expected a "
+            "number > 1: the sweep stops once the smoothed loss exceeds this many times its lowest "
+            "(float('inf'): only at a non-finite loss)."
+        )
 
 
 def check_directory_path(path: Any, argument: str) -> str:

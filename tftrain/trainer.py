@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tftrain import ema, evaluation, precision, timing
 from tftrain.engine import model_setup
-from tftrain.loops import fit_loop, inference, preparation, run_setup
+from tftrain.loops import fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
 from tftrain.options import EngineOptions, RunOptions
@@ -404,6 +404,64 @@ class Trainer:
             Global step -> logs of every checkpoint evaluated in `model_dir`.
         """
         return evaluation.evaluate_continuously(self, x, y, **kwargs)
+
+    def find_learning_rate(
+        self,
+        x: Any = None,
+        y: Any = None,
+        *,
+        batch_size: int | None = None,
+        min_lr: float = 1e-7,
+        max_lr: float = 10.0,
+        steps: int = 100,
+        smoothing: float = 0.98,
+        stop_factor: float = 4.0,
+        monitor: str = "loss",
+    ) -> lr_sweep.LearningRateSweep:
+        """The learning-rate range test: one training step per learning rate, from `min_lr` to `max_lr`, state kept.
+
+        Step i trains at `min_lr * (max_lr / min_lr) ** (i / (steps - 1))`
+        with `train_step`, on this Trainer's engine (eager, `tf.function`, XLA)
+        and strategy; the data is read in order and cycled if it ends. The
+        sweep stops early once the smoothed loss exceeds `stop_factor` times
+        its lowest, or is not finite. The learning rate set is that of the
+        model's optimizer (`self.optimizer`; a schedule is replaced for the
+        sweep): a subclass step training with optimizers of its own is swept
+        through the model's alone. Afterwards everything is as it was, bit
+        for bit: the model's and optimizer's variables (learning rate,
+        iterations, slots), the metrics, `checkpoint_state()`, `global_step`
+        and `timing`; no callback or service runs and nothing is written.
+        Variables that the first training step creates under eager
+        execution (an optimizer not built before) keep the sweep's values,
+        with a warning. See docs/beyond_fit.md.
+
+        Args:
+            x: The training data, as `fit` takes it (arrays, a
+                `tf.data.Dataset`, a PyDataset, a generator: read once).
+            y: Targets, for array inputs.
+            batch_size: For array inputs, as in `fit` (default 32).
+            min_lr: The first learning rate (> 0).
+            max_lr: The last learning rate (> `min_lr`).
+            steps: Learning rates tried, one training step each (>= 2).
+            smoothing: The weight of the past in the bias-corrected moving
+                average of the loss, in [0, 1).
+            stop_factor: Stop once the smoothed loss exceeds this many times
+                its lowest (> 1; `float("inf")`: only at a non-finite loss).
+            monitor: The step's log that holds the loss.
+
+        Returns:
+            A `tftrain.LearningRateSweep`: the learning rates, losses and
+            smoothed losses, the suggestion (the steepest descent of the
+            smoothed loss against log lr) and `plot()`.
+
+        Raises:
+            ValueError: a bad argument, no optimizer, or no `monitor` log.
+            TypeError: inputs `fit` does not take.
+        """
+        return lr_sweep.find_learning_rate(
+            self, x, y, batch_size=batch_size, min_lr=min_lr, max_lr=max_lr, steps=steps,
+            smoothing=smoothing, stop_factor=stop_factor, monitor=monitor,
+        )  # fmt: skip
 
     def save(self, filepath: str, *, overwrite: bool = True) -> None:
         """Saves the model with its optimizer state to a `.keras` file (as `model.save`).

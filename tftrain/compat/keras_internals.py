@@ -451,3 +451,59 @@ def stop_async_checkpoint(root: tf.train.Checkpoint) -> None:
         join = _method(helper, "_join_async_save_thread", _ASYNC)
         atexit.unregister(join)
         join()
+
+
+# ------------------------------------------------------------------ the learning-rate range test
+
+_LR_SWEEP = "the learning-rate range test (`find_learning_rate`)"
+
+
+def _applying_optimizer(optimizer: Any) -> Any:
+    """The optimizer whose learning rate applies the updates (a `LossScaleOptimizer`'s inner one)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
+
+
+def learning_rate_object(optimizer: Any) -> Any:
+    """What an optimizer's learning rate is: its variable, its `LearningRateSchedule`, or its callable.
+
+    `optimizer.learning_rate` gives the schedule's current value, not the
+    schedule; the range test replaces a schedule for its sweep and must put
+    the same object back. Keras keeps it in `_learning_rate` (3.7 to 3.15).
+    """
+    target = _applying_optimizer(optimizer)
+    if not hasattr(target, "_learning_rate"):
+        raise _missing(f"`{type(target).__name__}._learning_rate`", _LR_SWEEP)
+    return target._learning_rate
+
+
+def set_learning_rate_object(optimizer: Any, value: Any) -> None:
+    """Sets what `learning_rate_object` returns (a variable, a schedule or a callable), tracking nothing.
+
+    Keras's `learning_rate` setter refuses a variable over a schedule, and
+    the optimizer's attribute assignment tracks what it is given; the range
+    test sets a callable returning its own variable, then the original
+    object back, tracking neither.
+    """
+    learning_rate_object(optimizer)  # checks the attribute exists
+    target = _applying_optimizer(optimizer)
+    object.__setattr__(target, "_learning_rate", value)
+
+
+def backend_variable(variable: Any) -> tf.Variable:
+    """The `tf.Variable` behind a Keras variable (itself for a `tf.Variable`); a distributed one under a strategy.
+
+    A Keras 3 variable on the TensorFlow backend holds a `tf.Variable` (its
+    `value` outside an autocast scope). The range test copies each replica's
+    part of it (`strategy.experimental_local_results`), which a Keras
+    variable does not expose: assigning the Keras variable in a cross-replica
+    context would split a summed metric's total over the replicas, not
+    restore each replica's own value.
+    """
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    if not isinstance(value, tf.Variable):
+        raise _missing(f"`{type(variable).__name__}.value` as a tf.Variable", _LR_SWEEP)
+    return value
