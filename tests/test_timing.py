@@ -1,5 +1,6 @@
 """Tests for `tftrain.timing`: the report, the step timer, trace counting, the Keras callback."""
 
+import gc
 import types
 import warnings
 
@@ -52,6 +53,10 @@ def test_report_to_dict_has_exactly_the_contract_keys():
         checkpoint_saves=2,
         checkpoint_save_median_s=0.05,
         engine="xla+loop4",
+        flops_per_step=2e6,
+        flops_per_sec=2e7,
+        peak_flops=1e9,
+        utilization=0.02,
     )
     report = timing.TimingReport(**fields)
     assert set(report.to_dict()) == REPORT_KEYS
@@ -96,6 +101,29 @@ def test_summary_names_the_engine_first_where_known():
     assert lines[0].split("  ")[0] == "engine" and lines[0].rsplit("  ", 1)[1] == "graph+loop20 (auto)"
     assert len(lines) == 7
     assert "engine" not in timing.TimingReport().summary()
+
+
+def test_with_flops_derives_the_rate_and_the_utilization():
+    report = timing.TimingReport(steps=3, step_time_median_s=0.01).with_flops(2e6, 1e9)
+    assert (report.flops_per_step, report.peak_flops) == (2e6, 1e9)
+    assert report.flops_per_sec == pytest.approx(2e8)
+    assert report.utilization == pytest.approx(0.2)
+    assert report.steps == 3  # the rest of the report is kept
+    # Without a steady step time, a count or a peak, what follows from it is None.
+    assert timing.TimingReport().with_flops(2e6, 1e9).flops_per_sec is None
+    assert timing.TimingReport(step_time_median_s=0.01).with_flops(None, 1e9).utilization is None
+    assert timing.TimingReport(step_time_median_s=0.01).with_flops(2e6, None).utilization is None
+
+
+def test_summary_shows_flops_only_where_counted():
+    lines = timing.TimingReport(step_time_median_s=0.01).with_flops(2.5e6, 1e9).summary().splitlines()
+    rows = {line.split("  ")[0].strip(): line.rsplit("  ", 1)[1].strip() for line in lines}
+    assert rows["FLOPs per step"] == "2.5 MFLOP"
+    assert rows["FLOP/s"] == "250 MFLOP/s"
+    assert rows["utilisation"] == "25.0% of 1 GFLOP/s"
+    assert list(rows).index("FLOP/s") == list(rows).index("examples/sec") + 2
+    without_peak = timing.TimingReport(step_time_median_s=0.01).with_flops(2.5e6, None).summary()
+    assert "FLOP/s" in without_peak and "utilisation" not in without_peak
 
 
 def test_summary_of_an_empty_report_says_not_available():
@@ -157,6 +185,20 @@ def test_step_timer_ignores_calls_that_ran_no_step(clock):
     assert report.step_time_median_s == pytest.approx(0.5)
     assert report.examples_per_sec == pytest.approx(8.0)
     assert report.steps == 2
+
+
+def test_step_timer_full_batch_size(clock):
+    timer = timing.StepTimer()
+    assert timer.full_batch_size is None  # no call yet
+    timed_call(timer, clock, 0.1, steps=3, examples=48)
+    assert timer.full_batch_size is None  # a k-step call alone does not show a step's batch
+    timed_call(timer, clock, 0.1, steps=1, examples=6)
+    assert timer.full_batch_size is None  # 6 is less than the 16 per step the first call averaged
+    timed_call(timer, clock, 0.1, steps=1, examples=16)
+    timed_call(timer, clock, 0.1, steps=2, examples=22)
+    assert timer.full_batch_size == 16
+    timer.reset()
+    assert timer.full_batch_size is None
 
 
 def test_step_timer_reset_forgets_everything(clock):
@@ -245,6 +287,19 @@ def test_trace_counter_counts_traces_not_calls():
     for _ in range(3):
         assert counted({"x": tf.ones((5,))}).numpy().tolist() == [2.0] * 5
     assert counter.count == 2
+
+
+def test_trace_counter_keeps_each_traces_graph_weakly():
+    counter = timing.TraceCounter()
+    function = tf.function(counter.wrap(double))
+    function({"x": tf.ones((2,))})
+    function({"x": tf.ones((3,))})
+    graphs = counter.traced_graphs()
+    assert [graph.inputs[0].shape.as_list() for graph in graphs] == [[2], [3]]
+    assert all(any(op.type == "Mul" for op in graph.get_operations()) for graph in graphs)
+    del function, graphs
+    gc.collect()
+    assert counter.traced_graphs() == []  # the function's traces are gone: nothing kept alive
 
 
 def test_trace_counter_wrap_keeps_the_name_and_arguments():

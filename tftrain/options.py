@@ -28,6 +28,7 @@ __all__ = [
     "check_every_steps",
     "check_int",
     "check_jit_compile",
+    "check_peak_flops",
     "check_lr_sweep",
     "check_profile_steps",
     "check_validation_every_steps",
@@ -248,6 +249,33 @@ def check_directory_path(path: Any, argument: str) -> str:
     return path
 
 
+def check_peak_flops(count_flops: Any, peak_flops: Any) -> None:
+    """`Trainer(count_flops=..., peak_flops=...)`: a bool, and None or a finite number > 0 with `count_flops=True`.
+
+    Raises:
+        TypeError: `count_flops` is not a bool.
+        ValueError: `peak_flops` is not a finite number > 0, or is given without `count_flops`.
+    """
+    if not isinstance(count_flops, bool):
+        raise TypeError(
+            f"Invalid value for argument `count_flops`. Received: count_flops={count_flops!r}. Expected True or False."
+        )
+    if peak_flops is None:
+        return
+    numeric = isinstance(peak_flops, int | float | np.integer | np.floating)
+    if isinstance(peak_flops, bool) or not numeric or not 0 < peak_flops < float("inf"):
+        raise ValueError(
+            f"Invalid value for argument `peak_flops`. Received: peak_flops={peak_flops!r}. Expected the peak "
+            "FLOP/s of all the devices the run uses, a finite number > 0 (e.g. 312e12 for one A100 in "
+            "bfloat16), or None to look it up."
+        )
+    if not count_flops:
+        raise ValueError(
+            f"Invalid combination of arguments. Received: peak_flops={peak_flops!r} with count_flops=False. "
+            "Expected count_flops=True: the peak serves the utilisation of counted FLOPs."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineOptions:
     """How a step runs.
@@ -393,6 +421,15 @@ class RunOptions:
             end of `fit` and a preemption wait for a pending write, and its
             error (e.g. a full disk) is raised there. Costs a host copy of the
             saved state. See docs/checkpoints.md.
+        count_flops: Count the FLOPs of one training step on its traced graph
+            after each `fit` (nothing is retraced, and nothing changes while
+            training): `trainer.timing` then reports `flops_per_step`,
+            `flops_per_sec` and, where the devices' peak is known,
+            `utilization` (`tftrain.engine.flops`; docs/beyond_fit.md).
+        peak_flops: With `count_flops`: the peak FLOP/s of all the devices the
+            run uses, for the utilisation; None looks one device up in
+            `tftrain.engine.peak_flops`'s table (by device name and the
+            model's compute dtype) and multiplies by the strategy's replicas.
 
     Raises:
         TypeError, ValueError: a bad value, or an option that needs `model_dir` without it.
@@ -409,8 +446,11 @@ class RunOptions:
     best_checkpoint_mode: str = "auto"
     resume_from: str | None = None
     async_checkpoint: bool = False
+    count_flops: bool = False
+    peak_flops: float | None = None
 
     def __post_init__(self):
+        check_peak_flops(self.count_flops, self.peak_flops)
         check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
         check_every_steps(self.summary_every_steps, "summary_every_steps")
         check_int("max_to_keep", self.max_to_keep)

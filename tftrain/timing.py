@@ -13,6 +13,7 @@ import statistics
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,17 @@ class TimingReport:
             `steps_per_loop="auto"` chose), `"eager"`. Under `model.fit`
             (`Timing`): the engine Keras ran, from the model's `run_eagerly`,
             resolved `jit_compile` and `steps_per_execution`. None if unknown.
+        flops_per_step: Floating-point operations of one training step (all
+            replicas), counted from the traced step
+            (`Trainer(count_flops=True)`, `tftrain.engine.flops`); None when
+            not asked for or not countable (a warning says why).
+        flops_per_sec: `flops_per_step / step_time_median_s`: FLOP/s in
+            steady state, or None.
+        peak_flops: Peak FLOP/s of all the devices the run used (the
+            `Trainer`'s `peak_flops`, or `tftrain.engine.peak_flops`'s table
+            for the model's compute dtype), or None if unknown.
+        utilization: `flops_per_sec / peak_flops` (model FLOPs utilisation,
+            0 to 1), or None.
     """
 
     first_step_s: float | None = None
@@ -66,13 +78,44 @@ class TimingReport:
     checkpoint_saves: int = 0
     checkpoint_save_median_s: float | None = None
     engine: str | None = None
+    flops_per_step: float | None = None
+    flops_per_sec: float | None = None
+    peak_flops: float | None = None
+    utilization: float | None = None
+
+    def with_flops(self, flops_per_step: float | None, peak_flops: float | None) -> TimingReport:
+        """This report with the FLOP fields filled from one step's FLOPs and the devices' peak.
+
+        Args:
+            flops_per_step: FLOPs of one training step, or None if unknown.
+            peak_flops: Peak FLOP/s of the devices the run used, or None.
+
+        Returns:
+            A new report: `flops_per_sec` is `flops_per_step` over the median
+            step time (None without either), `utilization` is `flops_per_sec`
+            over `peak_flops` (None without either).
+        """
+        per_sec = None
+        if flops_per_step is not None and self.step_time_median_s:
+            per_sec = flops_per_step / self.step_time_median_s
+        return dataclasses.replace(
+            self,
+            flops_per_step=flops_per_step,
+            flops_per_sec=per_sec,
+            peak_flops=peak_flops,
+            utilization=None if per_sec is None or not peak_flops else per_sec / peak_flops,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the report as a plain dict (JSON-serializable)."""
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
-        """Renders the report as a short two-column table (the engine first, where known)."""
+        """Renders the report as a short two-column table.
+
+        The engine first, where known; FLOPs per step, FLOP/s and the
+        utilisation after examples/sec, where counted (`count_flops=True`).
+        """
         rows = [] if self.engine is None else [("engine", self.engine)]
         rows += [
             ("steps", str(self.steps)),
@@ -85,6 +128,13 @@ class TimingReport:
                 "n/a" if self.examples_per_sec is None else f"{self.examples_per_sec:,.1f}",
             ),
         ]
+        if self.flops_per_step is not None:  # asked for and counted (`count_flops=True`)
+            rows.append(("FLOPs per step", _format_flops(self.flops_per_step, "FLOP")))
+            rows.append(("FLOP/s", _format_flops(self.flops_per_sec, "FLOP/s")))
+        if self.utilization is not None:
+            rows.append(
+                ("utilisation", f"{self.utilization:.1%} of {_format_flops(self.peak_flops, 'FLOP/s')}")
+            )
         if self.checkpoint_saves:
             rows.append(
                 (
@@ -94,6 +144,16 @@ class TimingReport:
             )
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _format_flops(value: float | None, unit: str) -> str:
+    """E.g. `_format_flops(1.234e12, "FLOP/s")` -> "1.23 TFLOP/s"."""
+    if value is None:
+        return "n/a"
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
 
 
 def _format_seconds(seconds: float | None) -> str:
@@ -143,6 +203,15 @@ class TraceCounter:
         self.count = 0
         self._last_signature: dict[str, str] | None = None
         self._warned = False
+        self._graphs: list[weakref.ref] = []  # the graph of each trace, held weakly
+
+    def traced_graphs(self) -> list[tf.Graph]:
+        """The graphs the function traced into, oldest first (those still alive: `tf.function` keeps them).
+
+        What `tftrain.engine.flops` counts, so that counting never traces again.
+        """
+        graphs = [reference() for reference in self._graphs]
+        return [graph for graph in graphs if graph is not None]
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Returns `fn` with trace counting around it."""
@@ -163,6 +232,7 @@ class TraceCounter:
         changes = _signature_changes(self._last_signature, signature, self.argument_name)
         self._last_signature = signature
         self.count += 1
+        self._graphs.append(weakref.ref(tf.compat.v1.get_default_graph()))  # the graph being traced
         if self.count >= RETRACE_WARNING_THRESHOLD and not self._warned:
             self._warned = True
             what = "; ".join(changes) if changes else "no argument changed (a new Python object or closure?)"
@@ -218,6 +288,8 @@ class StepTimer:
         self.steady_examples_known = True
         self.steps = 0
         self.checkpoint_save_times: list[float] = []
+        self._largest_batch: int | None = None  # the most examples a one-step call ran
+        self._largest_mean_batch = 0.0  # the most examples per step of any call
         self._start: float | None = None
         self._in_flight = 0  # calls begun and not yet ended
         self._window = [0, 0, 0.0, True]  # steady steps, examples, seconds, examples known
@@ -249,6 +321,10 @@ class StepTimer:
         if steps <= 0:
             return
         self.steps += steps
+        if examples is not None:
+            if steps == 1:
+                self._largest_batch = max(self._largest_batch or 0, examples)
+            self._largest_mean_batch = max(self._largest_mean_batch, examples / steps)
         if self.first_call_s is None:
             self.first_call_s = elapsed
             return
@@ -264,6 +340,18 @@ class StepTimer:
         self._window[1] += examples or 0
         self._window[2] += elapsed
         self._window[3] = self._window[3] and examples is not None
+
+    @property
+    def full_batch_size(self) -> int | None:
+        """The examples of a full training step, as this run's host calls showed them; None if unsure.
+
+        The most examples a one-step call ran, provided no call averaged more
+        examples per step (a k-step call says only its total). Calls whose
+        examples were unknown are left out.
+        """
+        if self._largest_batch is None or self._largest_mean_batch > self._largest_batch:
+            return None
+        return self._largest_batch
 
     def record_checkpoint_save(self, seconds: float) -> None:
         """Files the wall time of one checkpoint save (kept apart from step times)."""

@@ -70,6 +70,12 @@ class Trainer:
         measure_timing: Time every host call and build `trainer.timing`
             (`trainer.timing.engine`, filled either way, names the engine
             that ran, every `"auto"` resolved: e.g. `"xla+loop4"`).
+        count_flops: Count one training step's FLOPs on its traced graph after
+            each `fit` (nothing retraced, nothing changed while training):
+            `trainer.timing` reports `flops_per_step`, `flops_per_sec` and the
+            `utilization` where the devices' peak is known (docs/beyond_fit.md).
+        peak_flops: With `count_flops`: the peak FLOP/s of all the devices the
+            run uses; None looks it up (`tftrain.engine.peak_flops`).
         mixed_precision: `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`:
             the Keras dtype policy of the model's layers (float16 also wraps
             the optimizer in a `LossScaleOptimizer`); None: as built.
@@ -128,6 +134,8 @@ class Trainer:
         steps_per_loop: int | str = "auto",
         strategy: tf.distribute.Strategy | None = None,
         measure_timing: bool = True,
+        count_flops: bool = False,
+        peak_flops: float | None = None,
         model_dir: str | None = None,
         checkpoint_every_steps: int | None = None,
         max_to_keep: int = 5,
@@ -166,6 +174,7 @@ class Trainer:
             terminate_on_nan=terminate_on_nan, preemption_signals=preemption_signals,
             best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from, async_checkpoint=async_checkpoint,
+            count_flops=count_flops, peak_flops=peak_flops,
         )  # fmt: skip
         self.recovery = RecoveryPolicy(
             on_nonfinite=on_nonfinite,

@@ -507,3 +507,59 @@ def backend_variable(variable: Any) -> tf.Variable:
     if not isinstance(value, tf.Variable):
         raise _missing(f"`{type(variable).__name__}.value` as a tf.Variable", _LR_SWEEP)
     return value
+
+
+# ------------------------------------------------------------------ FLOP counting
+
+_FLOPS = "counting the FLOPs of a traced step (`Trainer(count_flops=True)`)"
+
+
+def op_flops(graph: tf.Graph, node_def: Any) -> int | None:
+    """TensorFlow's registered "flops" statistic of one op, as its profiler counts it; None if none is registered.
+
+    The statistics functions (`ops.RegisterStatistics(op_type, "flops")`, in
+    `tensorflow.python.profiler.internal.flops_registry` and the op modules)
+    have no public name in TF2; `tf.compat.v1.profiler` reads them the same
+    way. They read shapes from `graph` by the names in `node_def`.
+
+    Raises:
+        ValueError: a shape the statistic needs is not fully defined.
+    """
+    # Importing the registry registers the profiler's statistics.
+    _attribute("tensorflow.python.profiler.internal.flops_registry", "IMPLEMENTED_OPS", _FLOPS)
+    stats = _attribute("tensorflow.python.framework.ops", "get_stats_for_node_def", _FLOPS)
+    # They read shapes with `graph_util.tensor_shape_from_node_def_name`, which logs a deprecation.
+    with _attribute("tensorflow.python.util.deprecation", "silence", _FLOPS)():
+        value = stats(graph, node_def, "flops").value
+    return None if value is None else int(value)
+
+
+def function_body_graph(graph: tf.Graph, name: str) -> tf.Graph:
+    """The graph of function `name` that an op of `graph` calls (a nested `tf.function`, a branch, a loop body).
+
+    `Graph._get_function` returns the `AtomicFunction` the graph holds (2.16
+    to 2.21); its `graph` is the `FuncGraph` it was traced into, with the
+    shapes and variable handle data of that trace.
+    """
+    function = _method(graph, "_get_function", _FLOPS)(name)
+    body = getattr(function, "graph", None)
+    if body is None:
+        raise _missing(f"the graph of function `{name}` (`AtomicFunction.graph`)", _FLOPS)
+    return body
+
+
+def function_arguments(graph: tf.Graph) -> list[tf.Tensor]:
+    """A traced function's argument placeholders, without those of captured tensors (`FuncGraph.internal_captures`)."""
+    captured = getattr(graph, "internal_captures", None)
+    if captured is None:
+        raise _missing("`FuncGraph.internal_captures`", _FLOPS)
+    captured_ids = {id(tensor) for tensor in captured}
+    return [tensor for tensor in graph.inputs if id(tensor) not in captured_ids]
+
+
+def copy_handle_data(source: tf.Tensor, target: tf.Tensor) -> None:
+    """Gives a resource placeholder the variable shape and dtype `source` carries (no public API sets it).
+
+    Without it, shape inference cannot see through a `ReadVariableOp` on `target`.
+    """
+    _attribute("tensorflow.python.ops.handle_data_util", "copy_handle_data", _FLOPS)(source, target)

@@ -9,6 +9,8 @@
 - `auto_steps`: `steps_per_loop="auto"`, k chosen from measured call times.
 - `model_setup`, `strategy_checks`: what is checked and built on the model
   and strategy before the first trace.
+- `flops`, `graph_flops`, `peak_flops`: one training step's FLOPs, counted on
+  its traced graph, and the devices' peak FLOP/s (`Trainer(count_flops=True)`).
 
 May import: `tftrain.data`, `timing`, `distribute`, `model`, `precision`, `options`,
 `compat`, `errors`. Never the checkpoint, services or loops layers.

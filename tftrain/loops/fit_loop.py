@@ -21,6 +21,7 @@ import tensorflow as tf
 from tftrain import timing
 from tftrain.compat import keras_internals
 from tftrain.data import fit_checks
+from tftrain.engine import flops
 from tftrain.engine.step_loop import StepLoop
 from tftrain.loops import epoch_loop, hooks, inference, run_setup
 from tftrain.loops.owner import StepOwner
@@ -104,6 +105,17 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             if call.validation_plan is not None:
                 call.validation_plan.close()
     report = timer.report(run.trace_count(), engine=engine_name)
+    if owner.run_options.count_flops:  # after the run, on the traced step: never timed, never retraced
+        batch = flops.per_replica_batch_size(call.plan.data.adapter, measured, engines.strategy)
+        report = flops.report_with_flops(
+            report,
+            train_loop.trace_counter,
+            model=model,
+            strategy=engines.strategy,
+            per_replica_batch=batch,
+            eager=not engines.options.use_tf_function,
+            peak_flops=owner.run_options.peak_flops,
+        )
     if call.verbose != 0 and owner.measure_timing:
         print(f"tftrain timing:\n{report.summary()}")
     return model.history, report
