@@ -23,6 +23,7 @@ _SUBMODULES = {
     "checkpoint",
     "data",
     "distribute",
+    "ema",
     "errors",
     "evaluation",
     "model",

@@ -27,6 +27,9 @@ from tftrain.options import EngineOptions, RunOptions
 from tftrain.services.loss_recovery import RecoveryPolicy
 from tftrain.services.protocol import Service, check_services
 
+# The model's step that the Trainer's default step of each kind calls.
+_MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
+
 
 class Trainer:
     """Trains a `keras.Model` with a custom loop: fast, measured, Keras-callback driven.
@@ -204,7 +207,7 @@ class Trainer:
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )  # fmt: skip
         self.engines = Engines(
-            lambda kind: getattr(self, f"{kind}_step"),
+            self._engine_step,
             self.options,
             self.strategy,
             self._global_step,
@@ -294,6 +297,19 @@ class Trainer:
     def predict_step(self, batch: Any) -> Any:
         """One prediction step; returns the batch's predictions. By default the model's own `predict_step(batch)`."""
         return self.model.predict_step(batch)
+
+    def _engine_step(self, kind: str) -> tuple[Any, bool]:
+        """The step an engine of `kind` runs, and whether it is user code for AutoGraph to convert.
+
+        A Trainer subclass's own step is user code. The default step is the
+        model's own, called directly: user code if the model's class
+        overrides it (a `CustomModel` subclass included), Keras's otherwise,
+        which, as under `fit`, is never converted.
+        """
+        if not self.uses_model_step(kind):
+            return getattr(self, f"{kind}_step"), True
+        name = _MODEL_STEPS[kind]
+        return getattr(self.model, name), getattr(type(self.model), name) is not getattr(keras.Model, name)
 
     def uses_model_step(self, kind: str) -> bool:
         """Whether the step of `kind` ("train", "eval", "predict") is the model's own, not a subclass's override."""

@@ -3,6 +3,8 @@
 Usage: python -m tftrain.bench [--quick] [--workload=mlp,cnn,linear,simclr] [--rounds=N]
        [--variants=...] [--segment_steps=N] [--steps_per_loop=K] [--agreement]
        [--output=results.json] [--plot=results.png]
+       python -m tftrain.bench --workload=startup [--rounds=N] [--output=startup.json]
+         (a first run in fresh processes, Trainer against Keras: `tftrain.bench.startup`)
 """
 
 import os
@@ -27,7 +29,8 @@ _PLOT = flags.DEFINE_string(
 _WORKLOAD = flags.DEFINE_string(
     "workload",
     ",".join(config_lib.WORKLOAD_NAMES),
-    f"Comma-separated workloads: {', '.join(config_lib.WORKLOAD_NAMES)}.",
+    f"Comma-separated workloads: {', '.join(config_lib.WORKLOAD_NAMES)}; or `startup` alone: a first "
+    "fit/evaluate/predict in fresh processes, Trainer against Keras (MNIST MLP and convnet).",
 )
 _VARIANTS = flags.DEFINE_string(
     "variants",
@@ -107,6 +110,9 @@ def main(argv: list[str]) -> None:
     """Checks the flags, runs the benchmark, prints the table, writes the JSON."""
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    if _WORKLOAD.value.strip() == "startup":
+        _run_startup()
+        return
     try:
         config = config_lib.BenchmarkConfig(
             workloads=_WORKLOAD.value,
@@ -144,6 +150,21 @@ def main(argv: list[str]) -> None:
     print(report.format_report(results), end="")
     for path in outputs.write_outputs(results, _OUTPUT.value, _PLOT.value):
         print(f"Wrote {path}")
+
+
+def _run_startup() -> None:
+    """`--workload=startup`: fresh processes per side and round (`tftrain.bench.startup`)."""
+    from tftrain.bench import startup  # no TensorFlow in this process: each child loads its own
+
+    try:
+        outputs.check_outputs(_OUTPUT.value, None)
+        rounds = _ROUNDS.value if _ROUNDS.value is not None else 5
+        results = startup.run_startup(rounds=rounds, confidence=_CONFIDENCE.value, progress=_progress)
+    except ValueError as error:
+        raise app.UsageError(str(error)) from None
+    print(startup.format_startup(results), end="")
+    if _OUTPUT.value:
+        print(f"Wrote {outputs.write_startup_json(results, _OUTPUT.value)}")
 
 
 def _check_requested_optional_variants(config: config_lib.BenchmarkConfig) -> None:

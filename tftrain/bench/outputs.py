@@ -104,6 +104,18 @@ def write_outputs(results: dict[str, Any], json_path: str | None, plot_path: str
     return [path for path, _ in writers]
 
 
+def write_startup_json(results: dict[str, Any], json_path: str) -> str:
+    """Writes the startup benchmark's results (`tftrain.bench.startup`) as JSON, all at once; returns the path."""
+    import json  # noqa: PLC0415
+
+    def write(path: str) -> None:
+        with open(path, "w") as file:
+            json.dump(results, file, indent=2)
+
+    _write_all([(json_path, write)])
+    return json_path
+
+
 def _plot_as(results: dict[str, Any], path: str, suffix: str) -> None:
     with open(path, "wb") as file:
         plot.plot_results(results, file, image_format=suffix)

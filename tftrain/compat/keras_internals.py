@@ -13,6 +13,9 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib
+import inspect
+import types
+import warnings
 from typing import Any
 
 import keras
@@ -147,6 +150,32 @@ def moving_averages(optimizer: Any, variables: list[Any]) -> list[tuple[Any, Any
         if average is not None:
             pairs.append((variable, average))
     return pairs
+
+
+def autograph_converted(function: Any) -> Any:
+    """`function` converted by AutoGraph (`tf.autograph.to_graph`), a bound method bound again; as is if marked `do_not_convert`.
+
+    `to_graph` converts a bound method's function and drops its `self`;
+    `tf.autograph.experimental.do_not_convert` marks a function with
+    `autograph_info__` (TensorFlow's own test, `is_autograph_artifact`).
+    Where AutoGraph cannot convert it (its source is not readable: a
+    function defined in `python -c` or a notebook cell's exec), it runs as
+    is, with TensorFlow's warning, as `tf.function` itself does.
+    """
+    target = function.__func__ if inspect.ismethod(function) else function
+    if hasattr(target, "autograph_info__"):
+        return function
+    try:
+        converted = tf.autograph.to_graph(target)
+    except Exception as error:  # what `tf.function`'s own conversion falls back on, too
+        warnings.warn(
+            f"AutoGraph could not transform {function} and will run it as-is: {type(error).__name__}: {error}. "
+            "Python control flow on tensors (`if tensor:`) then fails inside tf.function; mark the step "
+            "`@tf.autograph.experimental.do_not_convert` if it needs no conversion.",
+            stacklevel=3,
+        )
+        return function
+    return types.MethodType(converted, function.__self__) if inspect.ismethod(function) else converted
 
 
 def resolve_auto_jit_compile(model: keras.Model) -> bool:

@@ -68,6 +68,22 @@ def input_kind(x: Any) -> str:
     return "arrays"
 
 
+def read_to_adapt(x: Any) -> bool:
+    """Whether Keras's adapter reads `x` to learn its structure: a PyDataset, a generator, or another iterable source.
+
+    Arrays (NumPy, tensors, nests of them) and `tf.data` datasets are adapted
+    without reading an element.
+    """
+    kind = input_kind(x)
+    if kind in ("py_dataset", "generator"):
+        return True
+    if kind != "arrays":
+        return False
+    return not all(
+        hasattr(leaf, "shape") or isinstance(leaf, int | float | bool | str) for leaf in tf.nest.flatten(x)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class AdaptedInput:
     """An input of `fit`/`evaluate`/`predict`, adapted as Keras adapts it.

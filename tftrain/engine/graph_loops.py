@@ -231,7 +231,7 @@ def make_graph_loop(
         counts = tf.stack([tf.cast(steps, tf.int64), examples, tf.cast(nonfinite, tf.int64)])
         return counts, nonfinite, logs
 
-    return tf.function(loop, reduce_retracing=True)
+    return tf.function(loop, reduce_retracing=True, autograph=False)
 
 
 def make_single_step(
@@ -287,14 +287,14 @@ def make_single_step(
             on_trace()
             return counted_step(batch, None)
 
-        return tf.function(one_step_on_batch, reduce_retracing=True, jit_compile=True)
+        return tf.function(one_step_on_batch, reduce_retracing=True, jit_compile=True, autograph=False)
 
     def one_step(iterator, peeked=None):
         on_trace()
         batch = iterator.get_next() if peeked is None else peeked.get_value()
         return counted_step(batch, static_batch_size(iterator.element_spec))
 
-    return tf.function(one_step, reduce_retracing=True)
+    return tf.function(one_step, reduce_retracing=True, autograph=False)
 
 
 def _empty(iterator: Any) -> tf.experimental.Optional:
@@ -339,4 +339,4 @@ def make_collecting_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
         ]
         return steps, examples, tf.nest.pack_sequence_as(concrete.structured_outputs, joined)
 
-    return tf.function(loop, reduce_retracing=True)
+    return tf.function(loop, reduce_retracing=True, autograph=False)

@@ -414,6 +414,7 @@ def make_loop(
     collect: bool = False,
     step_counter: tf.Variable | None = None,
     loss_limit: float | None = None,
+    autograph: bool = False,
 ) -> StepLoop:
     """Builds the engine for one step function.
 
@@ -434,6 +435,11 @@ def make_loop(
             step see the number of the step they belong to (1-based).
         loss_limit: With `stop_on_nonfinite`: a loss above this stops the
             call too, flagged as a non-finite one is (a loss spike).
+        autograph: `step_fn` is user code that may need AutoGraph (Python
+            control flow on tensors): under `tf.function` it is converted,
+            once, here. The library's own code around it never is (every
+            `tf.function` of the engine has `autograph=False`, as Keras marks
+            its step and loop functions `do_not_convert`).
 
     Returns:
         A `StepLoop`.
@@ -444,6 +450,8 @@ def make_loop(
     strategy = strategy or tf.distribute.get_strategy()
     counter = timing.TraceCounter(name)
     in_graph = options.in_graph_loop
+    if autograph and options.use_tf_function:
+        step_fn = keras_internals.autograph_converted(step_fn)
     step_fn = _keras_batch(step_fn)
 
     # Without a strategy, `strategy.run` only adds host work (autograph
@@ -452,7 +460,7 @@ def make_loop(
     if single_device:
         step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
         if options.use_tf_function:
-            step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile)
+            step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile, autograph=False)
         return StepLoop(
             step,
             counter,
@@ -478,7 +486,7 @@ def make_loop(
     # devices, so `strategy.run` and the cross-replica reduction stay outside it.
     replica_step = step_fn
     if options.jit_compile:
-        replica_step = tf.function(step_fn, reduce_retracing=True, jit_compile=True)
+        replica_step = tf.function(step_fn, reduce_retracing=True, jit_compile=True, autograph=False)
 
     def replicated_step(batch):
         outputs = strategy.run(replica_step, args=(batch,))
@@ -489,5 +497,5 @@ def make_loop(
     # Counted in the cross-replica context, outside `strategy.run`: once per step, not per replica.
     step = counter.wrap(replicated_step if step_counter is None else _counted(replicated_step, step_counter))
     if options.use_tf_function:
-        step = tf.function(step, reduce_retracing=True)
+        step = tf.function(step, reduce_retracing=True, autograph=False)
     return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect, loss_limit=loss_limit)

@@ -36,8 +36,10 @@ class Engines:
 
     Args:
         step_of: Kind (`"train"`, `"eval"`, `"predict"`) -> the step function
-            (`batch -> logs`, or predictions), asked when that kind's engine
-            is first built (as Keras's `make_train_function` looks up `train_step`).
+            (`batch -> logs`, or predictions) and whether it is user code
+            that AutoGraph converts (`make_loop`'s `autograph`), asked when
+            that kind's engine is first built (as Keras's
+            `make_train_function` looks up `train_step`).
         options: How the steps run.
         strategy: The strategy they run under.
         global_step: The run's global step, incremented before each training step.
@@ -47,7 +49,7 @@ class Engines:
 
     def __init__(
         self,
-        step_of: Callable[[str], Callable[[Any], Any]],
+        step_of: Callable[[str], tuple[Callable[[Any], Any], bool]],
         options: EngineOptions,
         strategy: tf.distribute.Strategy,
         global_step: tf.Variable,
@@ -78,8 +80,9 @@ class Engines:
         training engine itself.
         """
         if kind not in self.loops:
+            step, autograph = self.step_of(kind)
             self.loops[kind] = step_loop.make_loop(
-                self.step_of(kind),
+                step,
                 self.options,
                 self.strategy,
                 f"{kind}_step",
@@ -87,6 +90,7 @@ class Engines:
                 collect=kind == "predict",
                 step_counter=self.global_step if kind == "train" else None,
                 loss_limit=self.loss_limit if kind == "train" else None,
+                autograph=autograph,
             )
         if stop_on_nonfinite or kind != "train" or not self.stop_on_nonfinite:
             return self.loops[kind]

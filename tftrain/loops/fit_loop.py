@@ -47,7 +47,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     engine_name = None
 
     def validate() -> dict[str, Any]:  # a validation every N steps; `callback_list` is made below
-        return inference.validate_mid_epoch(owner, call.validation_plan, callback_list)
+        return inference.validate_mid_epoch(owner, call.validation.plan, callback_list)
 
     run = run_setup.start_run(
         owner.run_options,
@@ -102,8 +102,8 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             run.close()
         finally:
             call.plan.close()
-            if call.validation_plan is not None:
-                call.validation_plan.close()
+            if call.validation is not None:
+                call.validation.close()
     report = timer.report(run.trace_count(), engine=engine_name)
     if owner.run_options.count_flops:  # after the run, on the traced step: never timed, never retraced
         batch = flops.per_replica_batch_size(call.plan.data.adapter, measured, engines.strategy)
@@ -144,14 +144,14 @@ def _train_epoch(
         should_stop=lambda: owner.model.stop_training,
     )
     epoch_logs = inference.pass_logs(owner, logs, "train")
-    if call.validation_plan is not None and fit_checks.should_validate(epoch, call.validation_freq):
+    if call.validation is not None and fit_checks.should_validate(epoch, call.validation_freq):
         if run.cut_by_budget:  # the epoch goes on in a larger budget: its metrics must too
-            val_logs = inference.validate_mid_epoch(owner, call.validation_plan, callback_list)
+            val_logs = inference.validate_mid_epoch(owner, call.validation.plan, callback_list)
         else:
             # The validation's traced steps record no summaries (the default writer in fit is the
             # training step's); callbacks record as under fit (Keras's TensorBoard on_test_end).
             with tf.summary.record_if(lambda: not tf.inside_function()):
-                val_logs = inference.run_evaluation(owner, call.validation_plan, callback_list)
+                val_logs = inference.run_evaluation(owner, call.validation.plan, callback_list)
         epoch_logs.update({f"val_{key}": value for key, value in val_logs.items()})
     callback_list.on_epoch_end(epoch, epoch_logs)
     run.end_epoch(keras_internals.pythonify_logs(epoch_logs))

@@ -281,7 +281,8 @@ def find_learning_rate(
     try:
         rate.install()
         options = dataclasses.replace(engines.options, steps_per_loop=1)
-        loop = step_loop.make_loop(engines.step_of("train"), options, engines.strategy, "train_step")
+        step, autograph = engines.step_of("train")
+        loop = step_loop.make_loop(step, options, engines.strategy, "train_step", autograph=autograph)
         batches = _Batches(plan, loop)
         if hasattr(loop.step, "get_concrete_function"):
             # Traced first: variables a step creates on its first trace are copied with their initial values.

@@ -10,6 +10,7 @@ Every error here is raised before any step runs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -27,9 +28,42 @@ from tftrain.options import (
     check_verbose,
 )
 
-__all__ = ["FitCall", "build", "check_step", "fit_call", "plan_for", "plan_of"]
+__all__ = ["FitCall", "ValidationData", "build", "check_step", "fit_call", "plan_for", "plan_of"]
 
 _MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
+
+
+class ValidationData:
+    """`fit`'s validation data, adapted where Keras adapts it.
+
+    Arrays and `tf.data` datasets are adapted and checked against the model
+    when `fit` starts (reading no batch). A source that Keras's adapter reads
+    to learn its structure (a `keras.utils.PyDataset`, a generator, a
+    `torch.utils.data.DataLoader`) is adapted at the first validation, as
+    `fit` does: such a source may draw random numbers when read (a shuffled
+    `DataLoader` draws its seed from torch's global generator), so the
+    draws happen in Keras's order, after the first epoch's training.
+
+    Args:
+        open_plan: Adapts the data and returns its checked plan.
+        deferred: Adapt at the first `plan`, not now.
+    """
+
+    def __init__(self, open_plan: Callable[[], EpochPlan], *, deferred: bool):
+        self._open_plan = open_plan
+        self._plan = None if deferred else open_plan()
+
+    @property
+    def plan(self) -> EpochPlan:
+        """The validation plan, adapted on first use."""
+        if self._plan is None:
+            self._plan = self._open_plan()
+        return self._plan
+
+    def close(self) -> None:
+        """Closes the plan, if it was opened (a PyDataset's workers stop)."""
+        if self._plan is not None:
+            self._plan.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +72,7 @@ class FitCall:
 
     Attributes:
         plan: The training data.
-        validation_plan: The validation data, or None.
+        validation: The validation data, or None.
         epochs: The epoch to train up to (exclusive), as `fit`'s `epochs`.
         initial_epoch: Where a run with nothing to resume starts.
         total_steps: A step budget (the target instead of `epochs`), or None.
@@ -49,7 +83,7 @@ class FitCall:
     """
 
     plan: EpochPlan
-    validation_plan: EpochPlan | None
+    validation: ValidationData | None
     epochs: int
     initial_epoch: int
     total_steps: int | None
@@ -143,26 +177,31 @@ def fit_call(
         "steps_per_epoch",
         f"epochs={epochs}, initial_epoch={initial_epoch}",
     )
-    validation_plan = None
+    validation = None
     if validation_data is not None:
         check_step(owner, "eval")
         val_x, val_y, val_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
         val_batch_size = validation_batch_size or (
             batch_size if inputs.input_kind(val_x) == "arrays" else None
         )
-        validation = inputs.adapt(
-            val_x, val_y, val_weight, batch_size=val_batch_size, steps=validation_steps,
-            argument="validation_data", steps_argument="validation_steps",
-        )  # fmt: skip
-        validation_plan = plan_for(owner, "eval", validation, "validation_data")
         count = sum(fit_checks.should_validate(e, validation_freq) for e in range(initial_epoch, epochs))
-        fit_checks.warn_single_pass(
-            validation_plan, count, "validation_data", "validation_steps", f"{count} validations"
-        )
-    check_validation_every_steps(validation_every_steps, validation_plan is not None)
+
+        def open_validation() -> EpochPlan:
+            adapted = inputs.adapt(
+                val_x, val_y, val_weight, batch_size=val_batch_size, steps=validation_steps,
+                argument="validation_data", steps_argument="validation_steps",
+            )  # fmt: skip
+            validation_plan = plan_for(owner, "eval", adapted, "validation_data")
+            fit_checks.warn_single_pass(
+                validation_plan, count, "validation_data", "validation_steps", f"{count} validations"
+            )
+            return validation_plan
+
+        validation = ValidationData(open_validation, deferred=inputs.read_to_adapt(val_x))
+    check_validation_every_steps(validation_every_steps, validation is not None)
     plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
     build(owner, plan.dataset)
     return FitCall(
-        plan, validation_plan, epochs, initial_epoch, total_steps, callbacks, verbose, validation_freq,
+        plan, validation, epochs, initial_epoch, total_steps, callbacks, verbose, validation_freq,
         validation_every_steps,
     )  # fmt: skip
