@@ -15,6 +15,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tftrain import data
+from tftrain.compat import keras_internals
 from tftrain.data import catalog
 
 # tensorflow-datasets (4.9.10) does not import whole under the oldest TensorFlow (see test_data_load.py).
@@ -107,6 +108,36 @@ def test_split_strings_read_and_count_as_tfds_does(prepared, split, count):
     assert described.splits[split] == builder.info.splits[split].num_examples == count
     assert split in described.splits and list(described.splits) == ["train", "test"]
     assert len(images(data.load("dummy_mnist", split, data_dir=prepared))) == count
+
+
+def test_load_leaves_out_tfds_automatic_cache(prepared, tmp_path):
+    # tensorflow-datasets caches a small dataset (as dummy_mnist) in memory unless told not to: a cached
+    # iterator cannot be checkpointed symbolically, so every checkpoint would hold the decoded split.
+    def ops(dataset):
+        return {node.op for node in keras_internals.dataset_graph_nodes(dataset)}
+
+    assert any(
+        op.startswith("CacheDataset") for op in ops(tfds.load("dummy_mnist", data_dir=prepared)["train"])
+    )
+    dataset = data.load("dummy_mnist", "train", data_dir=prepared)
+    assert not any(op.startswith("CacheDataset") for op in ops(dataset))
+    iterator = iter(dataset.repeat().with_options(symbolic_options()))
+    for _ in range(25):  # into the second pass
+        next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "data"))
+    saved = sum(file.stat().st_size for file in tmp_path.iterdir() if file.name.startswith("data"))
+    assert saved < 20 * 28 * 28  # positions, not the split's 20 images
+    resumed = iter(dataset.repeat().with_options(symbolic_options()))
+    tf.train.Checkpoint(iterator=resumed).read(path).assert_consumed()
+    np.testing.assert_array_equal(next(resumed)[0], images(dataset)[5])
+    # A cache where the caller asks for one.
+    assert any(op.startswith("CacheDataset") for op in ops(dataset.cache()))
+
+
+def symbolic_options():
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = True
+    return options
 
 
 def test_num_examples_of_a_sliced_split_are_its_first_examples(prepared):

@@ -136,7 +136,13 @@ def load(
     Returns:
         An unbatched `tf.data.Dataset` of `(image, label)`: uint8 images of
         shape `(height, width, channels)` (1 channel for mnist and
-        fashion_mnist, 3 otherwise) and int64 scalar labels.
+        fashion_mnist, 3 otherwise) and int64 scalar labels. Nothing is
+        cached: tensorflow-datasets' automatic in-memory cache of small
+        datasets is off, because tf.data cannot checkpoint a cached
+        iterator symbolically and every checkpoint of a training run would
+        then hold the whole decoded dataset. Call `.cache()` on the result to
+        keep it in memory anyway (each epoch then skips decoding; the
+        checkpoints hold the cache).
 
     Raises:
         ValueError: an unknown name (close names suggested), a dataset that

@@ -276,6 +276,8 @@ def load_tfds(
     The split is checked against the dataset's splits where they are known
     (it is prepared), else its syntax and, for `KNOWN_DATASETS`, its split
     names; once a missing dataset is prepared, against its splits.
+    tensorflow-datasets' automatic cache of small datasets is off
+    (`tfds.ReadConfig(try_autocache=False)`).
     """
     builder = _builder(name, data_dir)
     _check_image_classification(builder, name)
@@ -289,7 +291,10 @@ def load_tfds(
     # A slice or sum ("train[10%:]", "train+test") is read whole and cut by `take` below.
 
     def read() -> tf.data.Dataset:
-        examples = builder.as_dataset(split=tfds_split, shuffle_files=shuffle_files)
+        # No automatic cache of small datasets: a cached iterator cannot be checkpointed symbolically, so
+        # every checkpoint of a run would hold the decoded dataset. `.cache()` on the result asks for one.
+        read_config = _tfds().ReadConfig(try_autocache=False)
+        examples = builder.as_dataset(split=tfds_split, shuffle_files=shuffle_files, read_config=read_config)
         # What `as_supervised=True` gives for cifar10 or imagenet2012; also without supervised keys.
         return examples.map(lambda example: (example["image"], example["label"]))
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import tftrain
 from tftrain.examples.simclr import batch_norm, objective, resnet
+from tftrain.examples.simclr import metrics as metrics_lib
 
 PROJ_HEAD_MODES = ("none", "linear", "nonlinear")
 TRAIN_MODES = ("pretrain", "finetune")
@@ -237,10 +238,9 @@ class SimCLRModel(tftrain.CustomModel):
         # The reference's names for the probe's (or finetuning's) training loss and accuracy.
         self.probe_loss_tracker = keras.metrics.Mean(name="supervised_loss")
         self.supervised_accuracy = keras.metrics.Mean(name="supervised_acc")
-        self.top_1 = keras.metrics.SparseTopKCategoricalAccuracy(k=1, name="label_top_1_accuracy")
-        self.top_5 = keras.metrics.SparseTopKCategoricalAccuracy(
-            k=min(5, num_classes), name="label_top_5_accuracy"
-        )
+        # The probe's evaluation, as the reference counts it: argmax, and top-5 with ties broken by index.
+        self.top_1 = metrics_lib.LabelTopKAccuracy(k=1, name="label_top_1_accuracy")
+        self.top_5 = metrics_lib.LabelTopKAccuracy(k=min(5, num_classes), name="label_top_5_accuracy")
         self.weight_decay_tracker = keras.metrics.Mean(name="weight_decay")
 
     # ------------------------------------------------------------------ forward
@@ -282,9 +282,28 @@ class SimCLRModel(tftrain.CustomModel):
         return self.weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in kernels])
 
     @property
+    def training_metrics(self) -> list[keras.metrics.Metric]:
+        """What `train_step` computes in this model's mode, which it logs, under the reference's names.
+
+        `loss` (the reference's `train/total_loss`) and `weight_decay`;
+        pretraining adds `contrast_loss`, `contrast_acc` and
+        `contrast_entropy`; the probe (finetuning, or
+        `lineareval_while_pretraining`) adds `supervised_loss` and
+        `supervised_acc` (argmax accuracy).
+        """
+        computed = [self.total_loss_tracker]
+        if self.train_mode == "pretrain":
+            computed += [self.contrast_loss_tracker, self.contrast_accuracy, self.contrast_entropy]
+        if self.uses_probe:
+            computed += [self.probe_loss_tracker, self.supervised_accuracy]
+        return [*computed, self.weight_decay_tracker]
+
+    @property
     def metrics(self):
-        """The loss trackers and accuracies the steps update (reset at each epoch)."""
-        return [
+        """The metrics the steps update (reset at each epoch): `training_metrics` and the evaluation's."""
+        evaluation = (self.probe_loss_tracker, self.top_1, self.top_5)
+        used = {id(metric) for metric in (*self.training_metrics, *evaluation)}
+        everything = (
             self.total_loss_tracker,
             self.contrast_loss_tracker,
             self.contrast_accuracy,
@@ -294,7 +313,9 @@ class SimCLRModel(tftrain.CustomModel):
             self.top_1,
             self.top_5,
             self.weight_decay_tracker,
-        ]
+        )
+        # One fixed order (checkpoints list the metrics' variables by position).
+        return [metric for metric in everything if id(metric) in used]
 
     def train_step(self, data):
         """One SimCLR step: NT-Xent (pretrain) and/or probe loss, weight decay, one update."""
@@ -322,10 +343,7 @@ class SimCLRModel(tftrain.CustomModel):
                 )
                 loss += probe_loss
                 self.probe_loss_tracker.update_state(probe_loss)
-                hits = tf.equal(tf.cast(labels, tf.int64), tf.argmax(logits, axis=1))
-                self.supervised_accuracy.update_state(tf.cast(hits, tf.float32))
-                self.top_1.update_state(labels, logits)
-                self.top_5.update_state(labels, logits)
+                self.supervised_accuracy.update_state(metrics_lib.label_top_k_hits(labels, logits, k=1))
             decay = self.weight_decay_loss()
             loss += decay
             self.weight_decay_tracker.update_state(decay)
@@ -334,7 +352,7 @@ class SimCLRModel(tftrain.CustomModel):
             scaled = self.optimizer.scale_loss(loss / strategy.num_replicas_in_sync)
         gradients = tape.gradient(scaled, self.trainable_variables)
         self.optimizer.apply(gradients, self.trainable_variables)
-        return {metric.name: metric.result() for metric in self.metrics}
+        return {metric.name: metric.result() for metric in self.training_metrics}
 
     def test_step(self, data):
         """Scores the probe on one batch of single views (loss, top-1, top-5)."""

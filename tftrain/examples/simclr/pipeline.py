@@ -4,11 +4,14 @@ Training pipelines hold no random state: the shuffle is seeded, and every
 augmentation draw comes from stateless random ops seeded by the run's seed and
 the example's position in the stream (`augment.seed_for`). Two runs with the
 same seed read the same batches, and tf.data checkpoints the iterator
-symbolically (positions, random states and the shuffle buffer, no cache), so a resumed run
-continues the exact stream. Generated datasets are in memory: their order is
+symbolically (positions and random states; no cache), so a resumed run
+continues the exact stream. Training splits that fit in memory (the generated
+datasets, and tensorflow-datasets splits of fixed-size images up to
+`IN_MEMORY_MAX_BYTES`, such as CIFAR-10's) are held there: their order is
 shuffled as indices, drawn per pass from the seed (`windowed_permutation`), and
 each image read by its index, so a checkpoint holds a few positions (kilobytes)
-instead of a shuffle buffer of images.
+instead of a shuffle buffer of images. Larger ones (ImageNet) go through
+`tf.data.Dataset.shuffle`, whose buffer tf.data saves with each checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from tftrain.examples.simclr import augment, blur
 EVAL_CROP_MIN_SIZE = 32
 # The independent random streams of a run: each example's views, each batch's blur, each pass's order.
 VIEW_STREAM, BLUR_STREAM, SHUFFLE_STREAM = 0, 1, 2
+
+IN_MEMORY_MAX_BYTES = 250 * 2**20
+"""The largest training split (decoded images of one fixed shape) held in memory and shuffled by index.
+
+tensorflow-datasets' own limit for its automatic in-memory cache, under
+which the reference (which reads with that cache) holds a dataset in memory
+too: CIFAR-10's 50,000 training images take 147 MiB."""
 
 
 def shuffle_buffer_size(batch_size: int, image_size: int) -> int:
@@ -74,10 +84,21 @@ def windowed_permutation(count: int, buffer_size: int, seed: tf.Tensor) -> tf.Te
     return tf.concat([first, tf.random.experimental.stateless_shuffle(held, drain_seed)], axis=0)
 
 
+def _held_in_memory(name: str, images: tf.data.Dataset) -> bool:
+    """Whether a training split is read into memory and shuffled by index (see `IN_MEMORY_MAX_BYTES`)."""
+    if name in data_lib.GENERATED_DATASETS:
+        return True
+    count = int(images.cardinality())
+    image = images.element_spec[0]
+    if count < 0 or not image.shape.is_fully_defined():  # unknown size, or images of varying sizes
+        return False
+    return count * image.shape.num_elements() * image.dtype.size <= IN_MEMORY_MAX_BYTES
+
+
 def _shuffled_by_index(
     images: tf.data.Dataset, buffer_size: int, *, seed: int, repeat: bool
 ) -> tf.data.Dataset:
-    """A generated dataset, held in memory as tensors and shuffled through its indices.
+    """A split read once into memory as tensors, then shuffled through its indices.
 
     Each pass's order is `windowed_permutation`, seeded by the run's seed and
     the pass, and each example is gathered by its index: the iterator's state
@@ -182,19 +203,20 @@ def build_dataset(
         use_blur: Random Gaussian blur (pretraining only): each view of each
             image with probability 0.5, one sigma per replica's batch and view, as the reference.
         min_crop_area: The smallest random crop, as a fraction of the image.
-        cache_dataset: Keep the decoded images in memory after the first pass
-            (the reference's `--cache_dataset`; for small datasets). tf.data
-            cannot checkpoint a cache symbolically: each checkpoint then holds
-            the iterator with the cache (and, for a generated dataset, the
-            shuffle buffer's images: its images are in memory already).
+        cache_dataset: Keep the decoded images in memory (the reference's
+            `--cache_dataset`). A training split that fits in memory is held
+            there with or without it (positions only in checkpoints); a
+            larger one, and an eval split, get `Dataset.cache()`, which
+            tf.data cannot checkpoint symbolically: each checkpoint of such a
+            training run holds the iterator with the cache.
         data_dir: tensorflow-datasets data directory.
         num_examples: Use only the first examples of the split.
         repeat: Repeat forever (training to a step count).
         seed: The run's seed: the shuffle and every augmentation draw derive from it.
-            A generated dataset's order is drawn from it statelessly
+            A split held in memory has its order drawn from it statelessly
             (`windowed_permutation`, a buffer of `shuffle_buffer_size`);
-            tensorflow-datasets are shuffled by `tf.data.Dataset.shuffle`
-            with it (which also reads the global seed).
+            a larger one is shuffled by `tf.data.Dataset.shuffle` with it
+            (which also reads the global seed).
 
         num_replicas: The replicas the global batch is split over (contiguous
             slices, as `tf.distribute` splits it). As the reference, which
@@ -208,9 +230,9 @@ def build_dataset(
     # Generated datasets are drawn at `image_size`; files are read at their own size.
     load_size = image_size if name in data_lib.GENERATED_DATASETS else None
     images = data_lib.load(name, split, data_dir=data_dir, image_size=load_size, num_examples=num_examples)
-    if cache_dataset:
-        images = images.cache()
     if not is_training:
+        if cache_dataset:
+            images = images.cache()
         test_crop = image_size > EVAL_CROP_MIN_SIZE
 
         def eval_features(image, label):
@@ -226,9 +248,11 @@ def build_dataset(
         )
     per_replica = batch_size // num_replicas
     buffer_size = shuffle_buffer_size(per_replica, image_size)
-    if name in data_lib.GENERATED_DATASETS and not cache_dataset:
+    if _held_in_memory(name, images):
         images = _shuffled_by_index(images, buffer_size, seed=seed, repeat=repeat)
     else:
+        if cache_dataset:
+            images = images.cache()
         images = images.shuffle(buffer_size, seed=seed, reshuffle_each_iteration=True)
         if repeat:
             images = images.repeat()

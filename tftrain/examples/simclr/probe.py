@@ -12,6 +12,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tftrain.examples.simclr import metrics
+
 
 def encoder_features(encoder: keras.Model, *datasets: tf.data.Dataset) -> list[tuple[np.ndarray, np.ndarray]]:
     """Runs a frozen encoder (inference mode) over batched `(images, labels)` datasets.
@@ -56,7 +58,8 @@ def linear_probe_accuracy(
         seed: Initialization seed.
 
     Returns:
-        The top-1 accuracy on `test`, in [0, 1].
+        The top-1 accuracy on `test`, in [0, 1], as the reference counts it
+        (`metrics.label_top_k_hits`: `argmax(logits) == label`).
     """
     train_x, train_y = train
     test_x, test_y = test
@@ -82,5 +85,5 @@ def linear_probe_accuracy(
             optimizer.apply(grads, classifier.trainable_variables)
 
     fit()
-    predictions = np.argmax(classifier(test_x).numpy(), axis=1)
-    return float(np.mean(predictions == test_y))
+    hits = metrics.label_top_k_hits(test_y, classifier(test_x), k=1).numpy()
+    return float(np.mean(hits, dtype=np.float64))
