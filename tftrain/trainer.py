@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from tftrain import ema, evaluation, precision, timing
+from tftrain.compat import keras_internals
 from tftrain.engine import model_setup
 from tftrain.loops import fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.engines import Engines
@@ -299,17 +300,30 @@ class Trainer:
         return self.model.predict_step(batch)
 
     def _engine_step(self, kind: str) -> tuple[Any, bool]:
-        """The step an engine of `kind` runs, and whether it is user code for AutoGraph to convert.
+        """The step an engine of `kind` runs, and whether `make_loop` converts it with AutoGraph.
 
-        A Trainer subclass's own step is user code. The default step is the
-        model's own, called directly: user code if the model's class
-        overrides it (a `CustomModel` subclass included), Keras's otherwise,
-        which, as under `fit`, is never converted.
+        A Trainer subclass's own step is user code: converted. The default
+        step calls the model's own, looked up when the step traces (as
+        Keras's `make_train_function` looks it up, after the callbacks are
+        set: `tftrain.callbacks.Timing` wraps it then). The model's step is
+        converted, at trace time, if its class overrides Keras's (a
+        `CustomModel` subclass included); Keras's own step never is, as
+        under `fit`.
         """
         if not self.uses_model_step(kind):
             return getattr(self, f"{kind}_step"), True
         name = _MODEL_STEPS[kind]
-        return getattr(self.model, name), getattr(type(self.model), name) is not getattr(keras.Model, name)
+        convert = self.options.use_tf_function and getattr(type(self.model), name) is not getattr(
+            keras.Model, name
+        )
+
+        def model_step(batch: Any) -> Any:
+            step = getattr(self.model, name)
+            if convert and not tf.executing_eagerly():  # AutoGraph caches its conversion of each function
+                step = keras_internals.autograph_converted(step)
+            return step(batch)
+
+        return model_step, False
 
     def uses_model_step(self, kind: str) -> bool:
         """Whether the step of `kind` ("train", "eval", "predict") is the model's own, not a subclass's override."""
