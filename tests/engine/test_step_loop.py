@@ -307,3 +307,45 @@ def test_a_loop_does_not_keep_a_finished_iterator_alive(engine):
     del iterator
     gc.collect()
     assert ref() is None
+
+
+# ------------------------------------------------------------------ the collecting loop (predict)
+
+
+def doubled(batch):
+    return {"double": 2.0 * batch, "size": tf.shape(batch)[0]}
+
+
+@pytest.mark.parametrize("available", [True, False], ids=["counted", "optional"])
+def test_collecting_loop_joins_every_step_and_reads_no_batch_beyond_its_steps(available):
+    """Calls of 3 over 7 batches (the last partial): outputs joined along the example axis, nothing skipped."""
+    loop = step_loop.make_loop(doubled, options.EngineOptions(steps_per_loop=3), collect=True)
+    iterator = iter(make_dataset())
+    chunks = []
+    for steps, batches in ((3, 3), (3, 3), (1, 1)):  # the last call asks for what is left
+        result = loop.dispatch(iterator, steps, available=available).result()
+        assert result.steps == batches
+        chunks.extend(result.logs)  # a call's outputs: one chunk, its steps joined
+    assert np.concatenate([c["double"] for c in chunks]).tolist() == (2 * np.arange(NUM_VALUES)).tolist()
+    assert np.concatenate([c["size"] for c in chunks]).tolist() == [len(b) for b in BATCHES]
+    assert list(iterator) == []  # every batch was read, once
+
+
+def test_collecting_loop_traces_one_counted_function_for_any_num_steps():
+    """A counted pass (the host knows the batches are there) traces once, whatever k each call runs."""
+    loop = step_loop.make_loop(doubled, options.EngineOptions(steps_per_loop="auto"), collect=True)
+    for _ in range(2):
+        iterator = iter(make_dataset())
+        for steps in (1, 1, 3, 2):
+            assert loop.dispatch(iterator, steps, available=True).result().steps == steps
+    assert loop._graph_loop.experimental_get_tracing_count() == 1
+    assert loop.traces == 1  # the step, traced once: the loop's traces are not counted separately
+
+
+def test_collecting_loop_with_a_peeked_batch_collects_it_first():
+    loop = step_loop.make_loop(doubled, options.EngineOptions(steps_per_loop=3), collect=True)
+    iterator = iter(make_dataset())
+    first = loop.peek(iterator)
+    result = loop.dispatch(iterator, 2, first).result()
+    assert result.steps == 2
+    assert result.logs[0]["double"].numpy().tolist() == (2 * np.arange(6)).tolist()

@@ -307,32 +307,52 @@ def make_collecting_graph_loop(step: StepFn, strategy: tf.distribute.Strategy):
     For `predict`: each output leaf goes into a `tf.TensorArray`, joined along
     the example axis at the end of the call (stacked for scalars), so a call
     of k steps returns one chunk of k batches' predictions.
+
+    The function is `(iterator, num_steps, peeked=None, counted=False)`. With
+    `counted` (the caller knows the iterator holds `num_steps` more batches,
+    as the k-step loop's `counted` path) each step reads its batch directly;
+    otherwise the loop carries an Optional and reads a batch only if a step
+    will run on it. The counted loop traces in about half the time (no
+    `tf.cond`, no Optional), which a first `predict` pays.
     """
 
-    def loop(iterator, num_steps, peeked=None):
+    def loop(iterator, num_steps, peeked=None, counted=False):
         concrete = step.get_concrete_function(iterator.element_spec)
         specs = tf.nest.flatten(tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs))
 
-        def cond(i, examples, arrays, next_batch):
-            del examples, arrays
-            return tf.logical_and(i < num_steps, next_batch.has_value())
-
-        def body(i, examples, arrays, next_batch):
-            batch = next_batch.get_value()
+        def collected(i, examples, arrays, batch):
             outputs = tf.nest.flatten(step(batch))
             arrays = [array.write(i, output) for array, output in zip(arrays, outputs, strict=True)]
-            following = tf.cond(i + 1 < num_steps, iterator.get_next_as_optional, lambda: _empty(iterator))
-            return i + 1, examples + examples_in(batch, strategy), arrays, following
+            return i + 1, examples + examples_in(batch, strategy), arrays
 
         arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False) for spec in specs]
-        first = (
-            peeked
-            if peeked is not None
-            else tf.cond(num_steps > 0, iterator.get_next_as_optional, lambda: _empty(iterator))
-        )
-        steps, examples, arrays, _ = tf.while_loop(
-            cond, body, loop_vars=[tf.constant(0), tf.constant(0, tf.int64), arrays, first]
-        )
+        if counted:
+            steps, examples, arrays = tf.while_loop(
+                lambda i, examples, arrays: i < num_steps,
+                lambda i, examples, arrays: collected(i, examples, arrays, iterator.get_next()),
+                loop_vars=[tf.constant(0), tf.constant(0, tf.int64), arrays],
+            )
+        else:
+
+            def cond(i, examples, arrays, next_batch):
+                del examples, arrays
+                return tf.logical_and(i < num_steps, next_batch.has_value())
+
+            def body(i, examples, arrays, next_batch):
+                i_next, examples, arrays = collected(i, examples, arrays, next_batch.get_value())
+                following = tf.cond(
+                    i_next < num_steps, iterator.get_next_as_optional, lambda: _empty(iterator)
+                )
+                return i_next, examples, arrays, following
+
+            first = (
+                peeked
+                if peeked is not None
+                else tf.cond(num_steps > 0, iterator.get_next_as_optional, lambda: _empty(iterator))
+            )
+            steps, examples, arrays, _ = tf.while_loop(
+                cond, body, loop_vars=[tf.constant(0), tf.constant(0, tf.int64), arrays, first]
+            )
         joined = [
             array.stack() if spec.shape.rank == 0 else array.concat()
             for array, spec in zip(arrays, specs, strict=True)

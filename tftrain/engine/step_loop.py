@@ -240,7 +240,11 @@ class StepLoop:
             if key not in self._dense_by_input:
                 self._dense_by_input[key] = self._dense_outputs(iterator)
             if self._dense_by_input[key]:
-                steps, examples, outputs = graph_loop(iterator, self._count(num_steps), first)
+                counted = available and first is None and isinstance(iterator, tf.data.Iterator)
+                args = (iterator, self._count(num_steps), first, counted)
+                steps, examples, outputs = self._concrete(
+                    ("collect", first is not None, counted), iterator, graph_loop, *args
+                )(*args)
                 return PendingCall(lambda: _collected(steps, examples, outputs), None, None)
             graph_loop = None
         if graph_loop is None:
