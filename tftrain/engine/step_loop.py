@@ -234,13 +234,14 @@ class StepLoop:
             after.result()  # no in-graph way to skip this call after a non-finite one: read it now
             unread = False
         graph_loop = self._graph_loop
+        # The host knows the batches are there: each step reads its batch directly.
+        counted = available and first is None and isinstance(iterator, tf.data.Iterator)
         if self.collect and graph_loop is not None:
             # A TensorArray holds dense tensors only: other outputs are joined on the host.
             key = repr(iterator.element_spec)
             if key not in self._dense_by_input:
                 self._dense_by_input[key] = self._dense_outputs(iterator)
             if self._dense_by_input[key]:
-                counted = available and first is None and isinstance(iterator, tf.data.Iterator)
                 args = (iterator, self._count(num_steps), first, counted)
                 steps, examples, outputs = self._concrete(
                     ("collect", first is not None, counted), iterator, graph_loop, *args
@@ -251,7 +252,6 @@ class StepLoop:
             if num_steps == 1 and (available or first is not None) and self._single_step_suits(iterator):
                 return self._single_call(iterator, first)
             return self._host_call(iterator, num_steps, first)
-        counted = available and first is None and isinstance(iterator, tf.data.Iterator)
         halted = after.halted if unread else self._not_halted
         args = (iterator, self._count(num_steps), halted, first, counted)
         counts, nonfinite, outputs = self._concrete(
