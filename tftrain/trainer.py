@@ -306,16 +306,16 @@ class Trainer:
         step calls the model's own, looked up when the step traces (as
         Keras's `make_train_function` looks it up, after the callbacks are
         set: `tftrain.callbacks.Timing` wraps it then). The model's step is
-        converted, at trace time, if its class overrides Keras's (a
-        `CustomModel` subclass included); Keras's own step never is, as
-        under `fit`.
+        converted when it traces if it runs the user's code
+        (`model_setup.model_step_is_user_code`: an override of Keras's step,
+        or a `CustomModel` piece). Keras's own step and an unchanged
+        `CustomModel`'s are not. (`model.fit` converts none of them: a
+        model's `train_step` with `if tensor:` fails there and runs here.)
         """
         if not self.uses_model_step(kind):
             return getattr(self, f"{kind}_step"), True
         name = _MODEL_STEPS[kind]
-        convert = self.options.use_tf_function and getattr(type(self.model), name) is not getattr(
-            keras.Model, name
-        )
+        convert = self.options.use_tf_function and model_setup.model_step_is_user_code(self.model, name)
 
         def model_step(batch: Any) -> Any:
             step = getattr(self.model, name)
@@ -326,8 +326,9 @@ class Trainer:
         return model_step, False
 
     def uses_model_step(self, kind: str) -> bool:
-        """Whether the step of `kind` ("train", "eval", "predict") is the model's own, not a subclass's override."""
-        return getattr(type(self), f"{kind}_step") is getattr(Trainer, f"{kind}_step")
+        """Whether the step of `kind` ("train", "eval", "predict") is the model's own: not overridden by a subclass or set on the instance."""
+        step = getattr(self, f"{kind}_step")
+        return getattr(step, "__func__", None) is getattr(Trainer, f"{kind}_step")
 
     def fit(
         self,

@@ -58,3 +58,13 @@ def test_main_runs_the_startup_workload_alone_and_rejects_one_round(tmp_path):
     command = [sys.executable, "-m", "tftrain.bench", "--workload=startup", "--rounds=1"]
     process = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert process.returncode != 0 and "rounds=1" in process.stderr
+
+
+def test_main_rejects_steady_state_flags_with_the_startup_workload():
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "tftrain.bench", "--workload=startup", "--quick", "--variants=graph"]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert process.returncode != 0
+    assert "received --quick, --variants" in process.stderr

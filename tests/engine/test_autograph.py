@@ -157,3 +157,72 @@ def test_a_user_step_without_readable_source_runs_as_is_with_a_warning():
     with pytest.warns(UserWarning, match="AutoGraph could not transform"):
         history = trainer_class(compiled_mlp()).fit(x, y, batch_size=16, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+
+def compiled_custom_model(model_class=tftrain.CustomModel):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    model = model_class(inputs, keras.layers.Dense(3)(keras.layers.Dense(8, activation="relu")(inputs)))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+class PlainSubclass(tftrain.CustomModel):
+    """A CustomModel subclass that changes no piece of the step."""
+
+
+@pytest.mark.parametrize("model_class", [tftrain.CustomModel, PlainSubclass])
+def test_an_unchanged_custom_model_converts_no_function(converted, model_class):
+    x, y = data()
+    trainer = tftrain.Trainer(compiled_custom_model(model_class))
+    trainer.fit(x, y, batch_size=16, epochs=1, validation_split=0.25, verbose=0)
+    trainer.evaluate(x, y, batch_size=16, verbose=0)
+    assert converted == []
+
+
+class BranchingForward(tftrain.CustomModel):
+    """Overrides one piece of CustomModel's step with Python control flow on a tensor."""
+
+    def forward(self, x, training):
+        y_pred = self(x, training=training)
+        if tf.reduce_max(y_pred) > 1e6:  # never true; a tf.cond once converted
+            y_pred = y_pred * 0.0
+        return y_pred
+
+
+def test_a_custom_model_piece_with_python_control_flow_is_converted_and_runs(converted):
+    x, y = data()
+    history = tftrain.Trainer(compiled_custom_model(BranchingForward)).fit(
+        x, y, batch_size=16, epochs=1, validation_split=0.25, verbose=0
+    )
+    assert np.isfinite(history.history["val_loss"][0])
+    assert f"{__name__}.BranchingForward.forward" in converted
+
+
+class TracedStepTrainer(tftrain.Trainer):
+    """A step already wrapped in `tf.function` (it converts itself)."""
+
+    @tf.function
+    def train_step(self, batch):
+        return PlainTrainer.train_step(self, batch)
+
+
+def test_a_step_that_is_a_tf_function_runs_without_a_conversion_warning(recwarn):
+    x, y = data()
+    TracedStepTrainer(compiled_mlp()).fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert not [w for w in recwarn if "AutoGraph" in str(w.message)]
+
+
+def test_a_step_set_on_the_instance_runs(converted):
+    x, y = data()
+    trainer = tftrain.Trainer(compiled_mlp())
+    calls = []
+
+    def train_step(batch):
+        calls.append("traced")
+        return tftrain.Trainer.train_step(trainer, batch)
+
+    trainer.train_step = train_step
+    trainer.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert calls  # traced (twice: the first trace creates the optimizer's variables)
+    assert any(name.endswith("train_step") for name in converted)

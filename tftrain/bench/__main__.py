@@ -102,6 +102,27 @@ _AUTOTUNE = flags.DEFINE_bool(
 )
 
 
+# What the steady-state workloads read and `--workload=startup` does not.
+_STEADY_STATE_FLAGS = (
+    _QUICK,
+    _PLOT,
+    _VARIANTS,
+    _WARMUP,
+    _SEGMENT_STEPS,
+    _AGREEMENT,
+    _STEPS_PER_LOOP,
+    _BATCH_SIZE,
+    _CHECKPOINT_EVERY,
+    _SIMCLR_WIDTH,
+    _EAGER_STEPS,
+    _NUM_TRAIN,
+    _NUM_VAL,
+    _SEED,
+    _SHUFFLE_BUFFER,
+    _AUTOTUNE,
+)
+
+
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -156,6 +177,12 @@ def _run_startup() -> None:
     """`--workload=startup`: fresh processes per side and round (`tftrain.bench.startup`)."""
     from tftrain.bench import startup  # no TensorFlow in this process: each child loads its own
 
+    ignored = [f"--{holder.name}" for holder in _STEADY_STATE_FLAGS if holder.present]
+    if ignored:
+        raise app.UsageError(
+            f"--workload=startup takes --rounds, --confidence and --output only; received {', '.join(ignored)}. "
+            "Drop them, or run the steady-state workloads (e.g. --workload=mlp,cnn) in a separate command."
+        )
     try:
         outputs.check_outputs(_OUTPUT.value, None)
         rounds = _ROUNDS.value if _ROUNDS.value is not None else 5

@@ -158,12 +158,13 @@ def autograph_converted(function: Any) -> Any:
     `to_graph` converts a bound method's function and drops its `self`;
     `tf.autograph.experimental.do_not_convert` marks a function with
     `autograph_info__` (TensorFlow's own test, `is_autograph_artifact`).
+    A `tf.function` is returned as is: it converts itself when traced.
     Where AutoGraph cannot convert it (its source is not readable: a
     function defined in `python -c` or a notebook cell's exec), it runs as
     is, with TensorFlow's warning, as `tf.function` itself does.
     """
     target = function.__func__ if inspect.ismethod(function) else function
-    if hasattr(target, "autograph_info__"):
+    if hasattr(target, "autograph_info__") or isinstance(target, tf.types.experimental.GenericFunction):
         return function
     try:
         converted = tf.autograph.to_graph(target)

@@ -4,7 +4,10 @@ What `Trainer.fit`, `evaluate` and `predict` do before their loops, in the
 order Keras's `fit` does it: argument checks, the validation split, inputs
 through Keras's adapters, the step budget, checks of the data against the
 model and the strategy, then the variables created before the first trace.
-Every error here is raised before any step runs.
+Every error here is raised before any step runs, except those of
+`validation_data` that Keras reads to learn its structure (a `PyDataset`, a
+generator, a `DataLoader`): it is adapted at the first validation, as `fit`
+adapts it (`ValidationData`).
 """
 
 from __future__ import annotations
