@@ -214,6 +214,7 @@ class Trainer:
             self._global_step,
             stop_on_nonfinite=terminate_on_nan,
             loss_limit=self.recovery.loss_spike_threshold,
+            compiled_as=lambda: keras_internals.loss_tracker(self.model),  # `compile` makes a new one
         )
         self.timing: timing.TimingReport | None = None
 

@@ -45,6 +45,11 @@ class Engines:
         global_step: The run's global step, incremented before each training step.
         stop_on_nonfinite: Training calls stop at a non-finite loss.
         loss_limit: Training calls also stop at a loss above this (a spike), or None.
+        compiled_as: Returns an object that each `model.compile` replaces
+            (None for a model never compiled). When it changes, the built
+            engines are dropped and built again on next use, as Keras's
+            `compile` resets the model's train, test and predict functions
+            (so a layer unfrozen and compiled again trains).
     """
 
     def __init__(
@@ -56,8 +61,11 @@ class Engines:
         *,
         stop_on_nonfinite: bool,
         loss_limit: float | None = None,
+        compiled_as: Callable[[], Any] = lambda: None,
     ):
         self.step_of = step_of
+        self._compiled_as = compiled_as
+        self._built_for: Any = None  # what `compiled_as` returned when the engines in `loops` were built
         self.options = options
         self.strategy = strategy
         self.global_step = global_step
@@ -79,6 +87,11 @@ class Engines:
         training calls never stop (`terminate_on_nan=False`), it is the
         training engine itself.
         """
+        compiled_as = self._compiled_as()
+        if compiled_as is not self._built_for:
+            self.loops.clear()
+            self._past_nonfinite = None
+            self._built_for = compiled_as
         if kind not in self.loops:
             step, autograph = self.step_of(kind)
             self.loops[kind] = step_loop.make_loop(
