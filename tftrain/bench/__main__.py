@@ -102,25 +102,8 @@ _AUTOTUNE = flags.DEFINE_bool(
 )
 
 
-# What the steady-state workloads read and `--workload=startup` does not.
-_STEADY_STATE_FLAGS = (
-    _QUICK,
-    _PLOT,
-    _VARIANTS,
-    _WARMUP,
-    _SEGMENT_STEPS,
-    _AGREEMENT,
-    _STEPS_PER_LOOP,
-    _BATCH_SIZE,
-    _CHECKPOINT_EVERY,
-    _SIMCLR_WIDTH,
-    _EAGER_STEPS,
-    _NUM_TRAIN,
-    _NUM_VAL,
-    _SEED,
-    _SHUFFLE_BUFFER,
-    _AUTOTUNE,
-)
+# The flags `--workload=startup` reads; it rejects every other flag of this module (the steady-state ones).
+_STARTUP_FLAGS = frozenset(holder.name for holder in (_WORKLOAD, _ROUNDS, _CONFIDENCE, _OUTPUT))
 
 
 def _progress(line: str) -> None:
@@ -177,7 +160,11 @@ def _run_startup() -> None:
     """`--workload=startup`: fresh processes per side and round (`tftrain.bench.startup`)."""
     from tftrain.bench import startup  # no TensorFlow in this process: each child loads its own
 
-    ignored = [f"--{holder.name}" for holder in _STEADY_STATE_FLAGS if holder.present]
+    ignored = [
+        f"--{holder.name}"
+        for holder in globals().values()
+        if isinstance(holder, flags.FlagHolder) and holder.name not in _STARTUP_FLAGS and holder.present
+    ]
     if ignored:
         raise app.UsageError(
             f"--workload=startup takes --rounds, --confidence and --output only; received {', '.join(ignored)}. "
