@@ -18,6 +18,7 @@ __all__ = [
     "NonFiniteLossError",
     "NonFiniteStateError",
     "PreemptedError",
+    "RunChangedError",
     "StrategySetupError",
 ]
 
@@ -59,6 +60,14 @@ class CorruptCheckpointError(CheckpointError):
 
 class IncompatibleCheckpointError(CheckpointError, ValueError):
     """A checkpoint does not fit the model (variables missing, extra, or of another shape)."""
+
+
+class RunChangedError(IncompatibleCheckpointError):
+    """A resume changed what its checkpoint cannot follow (the optimizer's class, the model, EMA, the data mid-epoch).
+
+    Raised before anything is restored; the message names each change and the
+    ways forward (a new `model_dir`, or the settings the checkpoint was written with).
+    """
 
 
 class NonFiniteStateError(CheckpointError, FloatingPointError):

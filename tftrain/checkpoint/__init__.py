@@ -14,6 +14,8 @@ only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
 - `warm_start`: initializing a new run from another run's checkpoint.
 - `writer_lock`: one writing process per `model_dir`.
 - `data_position`: how a checkpoint keeps the input pipeline's position.
+- `run_record`: what a run's results depend on, saved with its checkpoints
+  and compared at every resume (changes taken, or refused).
 """
 
 from tftrain.checkpoint.checkpointer import Checkpointer
@@ -27,6 +29,7 @@ from tftrain.errors import (
     IncompatibleCheckpointError,
     ModelDirInUseError,
     NonFiniteStateError,
+    RunChangedError,
 )
 from tftrain.options import check_directory_path
 
@@ -42,6 +45,7 @@ __all__ = [
     "IncompatibleCheckpointError",
     "NonFiniteStateError",
     "Progress",
+    "RunChangedError",
     "check_directory_path",
     "open_checkpoint",
     "ensure_writable_directory",

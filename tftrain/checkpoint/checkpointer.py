@@ -44,6 +44,15 @@ from tftrain.errors import NonFiniteStateError
 from tftrain.options import check_int
 
 
+def saved_progress(reader: tf.train.CheckpointReader) -> Progress:
+    """A checkpoint's progress, read without restoring anything (a field it lacks reads 0)."""
+    values = {}
+    for field in dataclasses.fields(Progress):
+        key = f"progress/{field.name}{VARIABLE_SUFFIX}"
+        values[field.name] = int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
+    return Progress(**values)
+
+
 def _is_checkpointable_iterator(iterator: Any) -> bool:
     # tf.data iterators are trackable; distributed iterators are not.
     return isinstance(iterator, tf.data.Iterator)
@@ -166,7 +175,7 @@ class Checkpointer:
     # ---------------------------------------------------------------- restore
 
     def restore_latest(
-        self, iterator: Any = None, *, prepare: Callable[[dict[str, Any]], Any] | None = None
+        self, iterator: Any = None, *, prepare: Callable[[dict[str, Any], Progress], Any] | None = None
     ) -> Progress | None:
         """Restores the newest good checkpoint, if any, as one sequence: find -> validate -> restore.
 
@@ -182,9 +191,11 @@ class Checkpointer:
             iterator: The training iterator the run will read from; its state
                 is restored where the checkpoint saved one.
             prepare: Instead of `iterator`: called once, with the services'
-                states of the first checkpoint that validates, before anything
-                is restored; returns the iterator (the data pipeline is built
-                as that checkpoint saved its position).
+                states and the saved `Progress` of the first checkpoint that
+                validates, before anything is restored; returns the iterator
+                (the data pipeline is built as that checkpoint saved its
+                position). It may raise to refuse the checkpoint (nothing is
+                restored then).
 
         Returns:
             The restored progress, or None if the directory holds no
@@ -217,8 +228,8 @@ class Checkpointer:
             except Exception as error:  # any read error means this checkpoint is damaged
                 damaged(path, error)
                 continue
-            if prepare is not None:  # its errors are the pipeline's, not the checkpoint's
-                iterator, prepare = prepare(states), None
+            if prepare is not None:  # its errors are the pipeline's (or the run record's), not the checkpoint's
+                iterator, prepare = prepare(states, saved_progress(reader)), None
             try:
                 progress = self._restore_from(path, reader, iterator)
             except IncompatibleCheckpointError:
@@ -240,7 +251,7 @@ class Checkpointer:
         return None
 
     def restore_from(
-        self, path: str, iterator: Any = None, *, prepare: Callable[[dict[str, Any]], Any] | None = None
+        self, path: str, iterator: Any = None, *, prepare: Callable[[dict[str, Any], Progress], Any] | None = None
     ) -> tuple[str, Progress]:
         """Restores a chosen checkpoint (e.g. another run's) instead of the latest of this directory.
 
@@ -251,7 +262,8 @@ class Checkpointer:
             path: A checkpoint path prefix, or a directory (its latest checkpoint).
             iterator: The training iterator, restored where the checkpoint saved one.
             prepare: Instead of `iterator`: called with the checkpoint's
-                services' states once it is validated; returns the iterator.
+                services' states and saved `Progress` once it is validated;
+                returns the iterator.
 
         Returns:
             The checkpoint path restored, and its progress.
@@ -267,7 +279,7 @@ class Checkpointer:
         except Exception as error:
             raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
         if prepare is not None:
-            iterator = prepare(states)
+            iterator = prepare(states, saved_progress(reader))
         return path, self._restore_from(path, reader, iterator)
 
     def _validate(self, path: str) -> tuple[tf.train.CheckpointReader, dict[str, Any]]:

@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from tftrain import timing
+from tftrain.checkpoint import run_record
 from tftrain.compat import keras_internals
 from tftrain.data import fit_checks
 from tftrain.engine import flops
@@ -69,6 +70,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         recovery=owner.recovery,
         reset_metrics=owner.reset_metrics,
         averaged_weights=owner.averaged_weights if owner.ema_decay is not None else None,
+        record=_run_record(owner, call) if owner.run_options.model_dir is not None else None,
     )
     try:
         epochs = _target_epochs(call, run)
@@ -197,3 +199,27 @@ def _call_services(
     if call.validation_every_steps is None:
         return ()
     return (PeriodicValidation(call.validation_every_steps, validate, step_history),)
+
+def _run_record(owner: StepOwner, call: FitCall) -> dict[str, Any]:
+    """The call's run record: what its results depend on (`tftrain.checkpoint.run_record`)."""
+    options, recovery = owner.engines.options, owner.recovery
+    settings = {
+        "ema_decay": owner.ema_decay,
+        "on_nonfinite": recovery.on_nonfinite,
+        "loss_spike_threshold": recovery.loss_spike_threshold,
+        "max_rollbacks": recovery.max_rollbacks,
+        "rollback_lr_factor": recovery.rollback_lr_factor,
+        "use_tf_function": options.use_tf_function,
+        "jit_compile": options.jit_compile,
+        "steps_per_loop": options.steps_per_loop,
+        "epochs": call.epochs,
+        "total_steps": call.total_steps,
+    }
+    return run_record.build(
+        model=owner.model,
+        dataset=call.plan.dataset,
+        adapter=call.plan.data.adapter,
+        steps=call.plan.steps_per_epoch,
+        replicas=owner.engines.strategy.num_replicas_in_sync,
+        settings=settings,
+    )

@@ -6,9 +6,13 @@
 1. find: the newest checkpoint of `model_dir` (else `resume_from`'s);
 2. validate: every tensor of it is read and its services' states parsed
    (a damaged one is skipped, warned, for the one before); nothing of a
-   checkpoint is used before it validates;
+   checkpoint is used before it validates; then the run record: the new call
+   is compared with the checkpoint's record (`tftrain.checkpoint.run_record`),
+   and a change it cannot follow is refused, naming it;
 3. model and optimizer (and the data iterator), checked compatible before
    anything is assigned (`tftrain.checkpoint.Checkpointer.restore_latest`);
+   then the changes taken from the record are put in effect (the user's new
+   learning rate over the checkpoint's) and logged, one line each;
 4. the services' state (each service's `load_state_dict`, by name);
 5. the data position (`EpochPlan.resume`).
 
@@ -31,7 +35,7 @@ import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import distribute, summaries, timing
-from tftrain.checkpoint import data_position
+from tftrain.checkpoint import data_position, run_record
 from tftrain.checkpoint.writer_lock import WriterLock
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.loops.training_run import TrainingRun, close_all
@@ -46,6 +50,7 @@ from tftrain.services.periodic_validation import PeriodicValidation
 from tftrain.services.preemption import PreemptionService
 from tftrain.services.profiler import ProfilerService
 from tftrain.services.protocol import Service
+from tftrain.services.run_record import RunRecordService
 from tftrain.services.step_budget import StepBudget
 from tftrain.services.step_summaries import InStepSummaries, InStepSummaryService
 from tftrain.services.tensorboard import SummaryService
@@ -59,7 +64,7 @@ BUILT_IN_NAMES = frozenset(
     for service in (
         NonFiniteGuard, LossRecovery, StepBudget, PeriodicValidation, DataCheckpointService, ProfilerService, SummaryService,
         BestCheckpointService, CheckpointService, PreemptionService, MultiWorkerPreemption, WriterLockService,
-        InStepSummaryService, TimingService,
+        InStepSummaryService, TimingService, RunRecordService,
     )
 )  # fmt: skip
 """The names of the built-in services (a user's service cannot take one: its state is saved by name)."""
@@ -110,6 +115,7 @@ def start_run(
     recovery: RecoveryPolicy | None = None,
     reset_metrics: Callable[[], None] | None = None,
     averaged_weights: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> TrainingRun:
     """Sets up one `fit`: restores the latest checkpoint and builds its services.
 
@@ -151,6 +157,9 @@ def start_run(
             another epoch's checkpoint).
         averaged_weights: A block in which the model holds its EMA weights
             (`ema_decay`): the best checkpoint is saved in one. None: as they are.
+        record: The call's run record (`tftrain.checkpoint.run_record.build`):
+            compared with the checkpoint's at a resume, saved with every
+            checkpoint and written to `model_dir/run_record.json`. None: no record.
 
     Returns:
         The `TrainingRun`, at the restored progress (or at the start).
@@ -160,6 +169,8 @@ def start_run(
             cannot be written, a checkpoint exists but the model is not built
             to restore it, or two services share a name.
         tftrain.checkpoint.CheckpointError: the checkpoint cannot be used.
+        tftrain.errors.RunChangedError: the call changed what the checkpoint
+            cannot follow (nothing is restored).
     """
     place = _RunPlace.of(strategy)
     if global_step is not None:
@@ -188,13 +199,18 @@ def start_run(
             # The chief is the writer: one per model_dir, held before anything there is touched.
             lock = WriterLock(path) if where.chief else None
             checkpointer = where.checkpointer()
-            restored, data_mode = _restore(options, checkpointer, model, plan)  # steps 1 to 3
+            restored, data_mode, comparison = _restore(options, checkpointer, model, plan, record)  # steps 1-3
             if restored is not None:
                 report_resume(
                     f"tftrain: resumed from {checkpointer.restored_path} at step {restored.global_step} "
                     f"(epoch {restored.epoch + 1}, step {restored.step_in_epoch} of the epoch).",
                     verbose,
                 )
+            if record is not None:
+                run_record.log_taken(comparison, verbose)
+                if where.chief:
+                    run_record.write_file(path, record, comparison, restored.global_step if restored else 0)
+                services.append(RunRecordService(record))
             _add_model_dir_services(services, where, checkpointer, window, timer, restored, data_mode)
             if rollback:
                 services.insert(0, _loss_recovery(recovery, services, model, reset_metrics))
@@ -269,13 +285,21 @@ class _ModelDir:
 
 
 def _restore(
-    options: RunOptions, checkpointer: checkpoint_lib.Checkpointer, model: Any, plan: EpochPlan
-) -> tuple[checkpoint_lib.Progress | None, str | None]:
-    """Steps 1 to 3 of the restore sequence (module doc); returns the progress (None: nothing to resume) and the data mode.
+    options: RunOptions,
+    checkpointer: checkpoint_lib.Checkpointer,
+    model: Any,
+    plan: EpochPlan,
+    record: dict[str, Any] | None,
+) -> tuple[checkpoint_lib.Progress | None, str | None, run_record.Comparison]:
+    """Steps 1 to 3 of the restore sequence (module doc).
 
-    The data mode is how checkpoints keep the data position: the validated
-    checkpoint's (a resume reads it as it was saved), else the one that suits
-    the pipeline; None where the iterators are distributed (never saved).
+    Returns:
+        The progress (None: nothing to resume); the data mode, how
+        checkpoints keep the data position: the validated checkpoint's (a
+        resume reads it as it was saved), else the one that suits the
+        pipeline, None where the iterators are distributed (never saved);
+        and the comparison of the call with the checkpoint's run record,
+        its changes taken already in effect.
     """
     source = checkpointer.latest or options.resume_from  # 1. find (model_dir's own checkpoints win)
     if source is not None and not model.built:
@@ -285,9 +309,19 @@ def _restore(
             "`model.build(input_shape)`, before `fit`."
         )
     modes: list[str | None] = []
+    comparisons: list[run_record.Comparison] = []
+    optimizer = getattr(model, "optimizer", None)
+    users_learning_rate = run_record.learning_rate_value(optimizer)  # before a restore assigns the checkpoint's
 
-    def prepare(states: dict[str, Any] | None) -> Any:
-        """The data pipeline, made to keep its position as the validated checkpoint did."""
+    def prepare(states: dict[str, Any] | None, saved: checkpoint_lib.Progress | None = None) -> Any:
+        """Checks the call against the validated checkpoint's record, then makes the data pipeline keep its position as that checkpoint did."""
+        if record is not None and states is not None:
+            mid_pass = saved is not None and (saved.step_in_epoch > 0 or saved.batches_in_pass > 0)
+            comparison = run_record.compare(states.get(run_record.RECORD_KEY), record, mid_epoch=mid_pass)
+            if comparison.refused:
+                step = saved.global_step if saved is not None else "?"
+                raise run_record.refusal(comparison, f"the checkpoint of step {step}", options.model_dir)
+            comparisons.append(comparison)
         mode = None
         if plan.plain_iterators:
             mode, plan.dataset = data_position.prepare(plan.dataset, data_position.saved_mode(states))
@@ -300,7 +334,10 @@ def _restore(
         _, progress = checkpointer.restore_from(options.resume_from, prepare=prepare)
     if not modes:  # nothing to resume: a new run
         prepare(None)
-    return progress, modes[0]
+    comparison = comparisons[0] if comparisons and progress is not None else run_record.Comparison()
+    if progress is not None:
+        comparison = run_record.apply_taken(comparison, optimizer, users_learning_rate)
+    return progress, modes[0], comparison
 
 
 def _add_model_dir_services(

@@ -1,0 +1,156 @@
+"""A resume that changes something: the user's new value is taken, or the change is refused before anything is restored.
+
+The restore sequence compares the new `fit` call with the run record saved in
+the checkpoint (`tftrain.checkpoint.run_record`), in `run_setup.start_run`.
+"""
+
+import json
+import logging
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tftrain
+from tftrain.errors import NonFiniteLossError, RunChangedError
+
+
+def _data(rows=64, nan_at=None):
+    rng = np.random.RandomState(0)
+    x = rng.rand(rows, 4).astype("float32")
+    y = (x[:, :1] * 2.0).astype("float32")
+    if nan_at is not None:
+        x[nan_at] = np.nan
+    return x, y
+
+
+def _trainer(model_dir, optimizer, *, model=None, **kwargs):
+    keras.utils.set_random_seed(0)
+    model = model or keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    return tftrain.Trainer(model, optimizer, "mse", model_dir=str(model_dir), **kwargs)
+
+
+def _weights(model):
+    return [w.numpy().copy() for w in model.weights]
+
+
+def test_a_run_stopped_by_a_blow_up_resumes_with_the_lower_learning_rate(tmp_path, caplog):
+    x, y = _data()
+    # SGD at 10 diverges: epoch 1 ends finite (checkpointed), epoch 2 overflows.
+    with pytest.raises(NonFiniteLossError):
+        _trainer(tmp_path, keras.optimizers.SGD(10.0)).fit(x, y, batch_size=8, epochs=2, verbose=0)
+
+    trainer = _trainer(tmp_path, keras.optimizers.SGD(0.01))  # the fix the error suggests
+    with caplog.at_level(logging.WARNING, logger="tftrain"):
+        history = trainer.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert "learning_rate: 10.0 in the checkpoint, 0.01 now (yours)" in caplog.text
+    assert float(trainer.optimizer.learning_rate) == pytest.approx(0.01)
+    assert np.isfinite(history.history["loss"]).all() and int(trainer.optimizer.iterations) == 16
+    record = json.loads((tmp_path / "run_record.json").read_text())
+    assert record["record"]["optimizer.learning_rate"] == 0.01
+    assert record["changes"] == [{"step": 8, "key": "optimizer.learning_rate", "saved": 10.0, "now": 0.01}]
+
+
+def test_the_new_learning_rate_trains_the_resumed_steps(tmp_path):
+    x, y = _data()
+    _trainer(tmp_path / "a", keras.optimizers.SGD(0.5)).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    resumed = _trainer(tmp_path / "a", keras.optimizers.SGD(0.05))
+    resumed.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    # The same run with the rate set by hand after epoch 1: bit-identical.
+    reference = _trainer(tmp_path / "b", keras.optimizers.SGD(0.5))
+    reference.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    reference.optimizer.learning_rate.assign(0.05)
+    reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(_weights(resumed.model), _weights(reference.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_unchanged_rerun_says_no_change(tmp_path, capsys):
+    x, y = _data()
+    _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(x, y, batch_size=8, epochs=1, verbose=1)
+    assert "resuming with a change" not in capsys.readouterr().out
+
+
+def test_a_rate_the_run_changed_itself_is_not_taken_for_the_users(tmp_path, capsys):
+    x, y = _data()
+    trainer = _trainer(tmp_path, keras.optimizers.SGD(0.1))
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    trainer.optimizer.learning_rate.assign(0.02)  # e.g. ReduceLROnPlateau, saved with the next checkpoint
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    trainer.fit(x, y, batch_size=8, epochs=3, verbose=1)  # resumes from its own checkpoint, at 0.02
+    assert "learning_rate" not in capsys.readouterr().out
+    assert float(trainer.optimizer.learning_rate) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (dict(optimizer=keras.optimizers.Adam), "optimizer: keras.optimizers.SGD in the checkpoint, keras.optimizers.Adam now"),
+        (dict(ema_decay=0.9), "ema_decay: None in the checkpoint, 0.9 now"),
+        (dict(model="wider"), "the model's layers: layer 0 (dense_wide) is Dense[4x1, 1] in the checkpoint, Dense[4x2, 2] now"),
+    ],
+    ids=["optimizer_class", "ema_switched_on", "model"],
+)
+def test_a_change_the_checkpoint_cannot_follow_is_refused_before_anything_is_restored(tmp_path, change, expected):
+    x, y = _data()
+    _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    change = dict(change)
+    optimizer = change.pop("optimizer", keras.optimizers.SGD)(0.1)
+    model = None
+    if change.pop("model", None):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="dense_wide"), keras.layers.Dense(1)])
+    trainer = _trainer(tmp_path, optimizer, model=model, **change)
+    before = _weights(trainer.model)
+    with pytest.raises(RunChangedError) as raised:
+        trainer.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert expected in str(raised.value)
+    assert "Nothing was restored" in str(raised.value) and str(tmp_path) in str(raised.value)
+    for a, b in zip(before, _weights(trainer.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(trainer.optimizer.iterations) == 0
+
+
+def test_a_new_batch_size_mid_epoch_is_refused_naming_the_ways_forward(tmp_path):
+    x, y = _data()
+    _trainer(tmp_path, keras.optimizers.SGD(0.1), checkpoint_every_steps=3).fit(
+        x, y, batch_size=8, epochs=1, steps_per_epoch=5, verbose=0
+    )  # the last checkpoint is at step 5 of an 8-batch pass: mid-pass
+    with pytest.raises(RunChangedError) as raised:
+        _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(x, y, batch_size=16, epochs=2, steps_per_epoch=5, verbose=0)
+    message = str(raised.value)
+    assert "global_batch_size: 8 in the checkpoint, 16 now" in message
+    assert "new `model_dir`" in message and "epoch end" in message
+
+
+def test_a_longer_dataset_mid_epoch_is_refused_not_a_raw_graph_error(tmp_path):
+    x, y = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    _trainer(tmp_path, keras.optimizers.SGD(0.1), checkpoint_every_steps=3).fit(
+        dataset, epochs=1, steps_per_epoch=3, verbose=0
+    )
+    longer = tf.data.Dataset.from_tensor_slices((np.concatenate([x, x]), np.concatenate([y, y]))).batch(8)
+    with pytest.raises(RunChangedError, match="batches_per_pass: 8 in the checkpoint, 16 now"):
+        _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(longer, epochs=2, steps_per_epoch=3, verbose=0)
+
+
+def test_a_new_batch_size_at_an_epoch_boundary_is_taken_and_trains_the_new_epoch(tmp_path, capsys):
+    x, y = _data()
+    _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    trainer = _trainer(tmp_path, keras.optimizers.SGD(0.1))
+    history = trainer.fit(x, y, batch_size=16, epochs=2, verbose=1)
+    assert "global_batch_size: 8 in the checkpoint, 16 now (yours)" in capsys.readouterr().out
+    assert int(trainer.optimizer.iterations) == 8 + 4
+    assert len(history.history["loss"]) == 1
+
+
+def test_the_record_is_written_for_a_new_run(tmp_path):
+    x, y = _data()
+    _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    written = json.loads((tmp_path / "run_record.json").read_text())
+    assert written["changes"] == []
+    assert written["record"]["data.global_batch_size"] == 8
+    assert written["record"]["epochs"] == 1
+    assert os.path.exists(tmp_path / "checkpoints")

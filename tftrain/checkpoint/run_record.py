@@ -1,0 +1,418 @@
+"""The run record: what a run's results depend on, kept with its checkpoints and compared at every resume.
+
+A run with a `model_dir` records, with every checkpoint, the optimizer's class
+and hyperparameters as the user gave them, the loss and metrics, the data
+(global batch size, examples and batches per pass, element spec), the
+replicas, the dtype policy, the Trainer options that change the math, the
+call's target and the tftrain / TensorFlow / Keras versions. A resume
+compares the new call with the record of the checkpoint it restores, before
+anything is assigned, and each difference is one of:
+
+* **taken**: a hyperparameter, option, target or version changed on purpose
+  is in effect after the restore (the checkpoint's learning rate variable is
+  set back to the user's new value), logged in one line;
+* **refused**: a change that makes the checkpoint meaningless (the optimizer's
+  class or its variables, the model's layers, EMA switched on or off, the
+  metrics) raises `tftrain.errors.RunChangedError`, naming the change;
+* **data**: a change of the data (batch size, length, element spec) is taken
+  where the checkpoint is at an epoch boundary (the next epoch is a fresh
+  pass) and refused mid-epoch, where the saved data position would land on
+  other examples.
+
+The record is a flat dict of JSON values keyed by dotted names
+(`"optimizer.learning_rate"`), so a difference is named as the user knows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tftrain.errors import RunChangedError
+
+__all__ = [
+    "RECORD_KEY",
+    "Change",
+    "Comparison",
+    "apply_taken",
+    "build",
+    "compare",
+    "learning_rate_value",
+    "log_taken",
+    "refusal",
+    "write_file",
+]
+
+RECORD_KEY = "run_record"
+"""The name the record is saved under among a checkpoint's service states."""
+
+RECORD_FILE = "run_record.json"
+"""The readable copy in `model_dir` (the newest run's record and every change taken)."""
+
+TAKEN, REFUSED, DATA = "taken", "refused", "data"
+
+# Keys whose change makes the checkpoint meaningless, with why (said in the error).
+_REFUSED_BECAUSE = {
+    "optimizer": "its slots and step count belong to the checkpoint's optimizer",
+    "optimizer.variables": "the optimizer keeps other variables (slots) than the checkpoint holds",
+    "ema_decay": "EMA switched on or off changes what the optimizer keeps (the averages)",
+    "model.layers": "the checkpoint's weights belong to another model",
+    "metrics": "the metrics' saved state belongs to other metrics",
+}
+
+# The layers' names: in the record to name a layer in a message, never compared
+# (Keras numbers unnamed layers per process: `dense_3` may be the same layer as `dense`).
+_LAYER_NAMES = "model.layer_names"
+
+# Keys that describe the training data: taken at an epoch boundary, refused mid-epoch.
+_DATA_KEYS = ("data.global_batch_size", "data.examples", "data.batches_per_pass", "data.element_spec")
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One difference between a checkpoint's record and the new call.
+
+    Attributes:
+        key: The record's key, e.g. `"optimizer.learning_rate"`.
+        saved: The value in the checkpoint's record.
+        now: The value in the new call.
+        action: `"taken"`, `"refused"` or `"data"` (see the module doc).
+    """
+
+    key: str
+    saved: Any
+    now: Any
+    action: str
+    names: tuple[str, ...] = ()  # the model's layer names now, for a change of its layers
+
+    def line(self) -> str:
+        """The change in one line, e.g. `learning_rate: 1.0 in the checkpoint, 0.01 now (yours)`."""
+        if self.key == "optimizer.variables":
+            return (
+                f"the optimizer's variables: {len(self.saved)} in the checkpoint, {len(self.now)} now "
+                "(e.g. layers made trainable or frozen)"
+            )
+        if self.key == "model.layers":
+            return f"the model's layers: {_layer_difference(self.saved, self.now, self.names)}"
+        name = self.key.removeprefix("optimizer.")
+        return f"{name}: {_show(self.saved)} in the checkpoint, {_show(self.now)} now"
+
+
+def _layer_difference(saved: list[str], now: list[str], names: tuple[str, ...]) -> str:
+    """The first layer that differs (as class and weight shapes), or the count if one model is longer."""
+    for index, (before, after) in enumerate(zip(saved or [], now or [], strict=False)):
+        if before != after:
+            name = f" ({names[index]})" if index < len(names) else ""
+            return f"layer {index}{name} is {before} in the checkpoint, {after} now"
+    return f"{len(saved or [])} layers in the checkpoint, {len(now or [])} now"
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The differences between a checkpoint's record and the new call, sorted by what is done with each."""
+
+    taken: tuple[Change, ...] = ()
+    refused: tuple[Change, ...] = ()
+
+    def taken_lines(self) -> list[str]:
+        """One line per change taken, as logged."""
+        return [f"{change.line()} (yours)" for change in self.taken]
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list | dict):
+        text = json.dumps(value, sort_keys=True)
+        return text if len(text) <= 120 else text[:117] + "..."
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for `value` (floats rounded to float32's precision, so a restored variable compares equal)."""
+    if isinstance(value, bool) or value is None or isinstance(value, int | str):
+        return value
+    if isinstance(value, float):
+        return float(f"{value:.7g}") if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if hasattr(value, "numpy"):
+        return _plain(value.numpy().tolist())
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    return str(value)
+
+
+def _optimizer_record(optimizer: Any) -> dict[str, Any]:
+    """The optimizer's class and hyperparameters as the user gave them (its config), and its variables' shapes."""
+    if optimizer is None:
+        return {"optimizer": None}
+    inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer: the one the user built
+    name = _class_name(optimizer) + (f"({_class_name(inner)})" if inner is not None else "")
+    record: dict[str, Any] = {"optimizer": name}
+    config = dict((inner or optimizer).get_config())
+    config.pop("name", None)
+    for key, value in config.items():
+        record[f"optimizer.{key}"] = _plain(value)
+    if getattr(optimizer, "built", False):
+        record["optimizer.variables"] = [list(variable.shape) for variable in optimizer.variables]
+    return record
+
+
+def _class_name(value: Any) -> str:
+    """`keras.optimizers.SGD` for Keras's own classes, `module.Class` for others."""
+    module = type(value).__module__
+    if module.startswith("keras.src.optimizers"):
+        module = "keras.optimizers"
+    return f"{module}.{type(value).__qualname__}"
+
+
+def _layers_record(model: keras.Model) -> list[str]:
+    """Each layer of the model, as `Class[shape, shape, ...]` of its weights (names vary between processes)."""
+    described = []
+    for layer in model.layers:
+        shapes = ", ".join("x".join(str(d) for d in weight.shape) or "scalar" for weight in layer.weights)
+        described.append(f"{type(layer).__name__}[{shapes}]")
+    return described
+
+
+def _data_record(dataset: Any, adapter: Any, steps: int | None) -> dict[str, Any]:
+    """The data's global batch size, examples and batches per pass, and element spec, where known."""
+    batch_size = getattr(adapter, "batch_size", None)
+    examples = None
+    num_batches = getattr(adapter, "num_batches", None)
+    if batch_size is not None and num_batches is not None:
+        partial = getattr(adapter, "partial_batch_size", None) or 0
+        examples = num_batches * batch_size - (batch_size - partial if partial else 0)
+    spec = getattr(dataset, "element_spec", None)
+    if batch_size is None and spec is not None:
+        leading = [s.shape[0] for s in tf.nest.flatten(spec) if getattr(s, "shape", None) is not None and s.shape.rank]
+        batch_size = leading[0] if leading and leading[0] is not None else None
+    cardinality = int(dataset.cardinality()) if hasattr(dataset, "cardinality") else -2
+    return {
+        "data.global_batch_size": batch_size,
+        "data.examples": examples,
+        "data.batches_per_pass": cardinality if cardinality > 0 else steps,
+        "data.element_spec": _plain(_describe_spec(spec)),
+    }
+
+
+def _describe_spec(spec: Any) -> Any:
+    if spec is None:
+        return None
+    return [f"{s.dtype.name}{list(s.shape)[1:]}" if hasattr(s, "shape") else str(s) for s in tf.nest.flatten(spec)]
+
+
+def build(
+    *,
+    model: keras.Model,
+    dataset: Any,
+    adapter: Any,
+    steps: int | None,
+    replicas: int,
+    settings: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The record of a `fit` call: what its results depend on, as JSON values keyed by dotted names.
+
+    Args:
+        model: The model (its optimizer, compiled loss and metrics, layers and dtype policy are read).
+        dataset: The training dataset (its element spec and length).
+        adapter: Keras's data adapter of the training input (its batch size and
+            examples, for arrays), or None.
+        steps: Steps per epoch asked for, or None.
+        replicas: Replicas in sync (the global batch is split over them).
+        settings: The Trainer options that change the math and the call's
+            target (`epochs`, `total_steps`), by name.
+
+    Returns:
+        The record.
+    """
+    record = _optimizer_record(getattr(model, "optimizer", None))
+    compiled = model.get_compile_config() if getattr(model, "compiled", False) else None
+    compiled = compiled or {}
+    record["loss"] = _plain(compiled.get("loss"))
+    record["metrics"] = _plain([compiled.get("metrics"), compiled.get("weighted_metrics")])
+    record["model.layers"] = _layers_record(model)
+    record[_LAYER_NAMES] = [layer.name for layer in model.layers]
+    record.update(_data_record(dataset, adapter, steps))
+    record["replicas"] = int(replicas)
+    record["dtype_policy"] = model.dtype_policy.name
+    record.update({key: _plain(value) for key, value in settings.items()})
+    record["versions.tftrain"] = _tftrain_version()
+    record["versions.tensorflow"] = tf.__version__
+    record["versions.keras"] = keras.__version__
+    return record
+
+
+def _tftrain_version() -> str:
+    import tftrain  # the package's version, read when a record is made (no import cycle at load)
+
+    return tftrain.__version__
+
+
+def compare(saved: Mapping[str, Any] | None, now: Mapping[str, Any], *, mid_epoch: bool) -> Comparison:
+    """Sorts the differences between a checkpoint's record and the new call's.
+
+    Args:
+        saved: The checkpoint's record (None: written before records existed; nothing to compare).
+        now: The new call's record (`build`).
+        mid_epoch: The checkpoint is inside an epoch: a data change is refused.
+
+    Returns:
+        The `Comparison`. Keys present on one side only are compared with None.
+    """
+    if not saved:
+        return Comparison()
+    taken, refused = [], []
+    for key in sorted(set(saved) | set(now)):
+        before, after = saved.get(key), now.get(key)
+        if before == after or key == _LAYER_NAMES or (key == "optimizer.variables" and None in (before, after)):
+            continue
+        if key == "model.layers":
+            refused.append(Change(key, before, after, REFUSED, tuple(now.get(_LAYER_NAMES) or ())))
+        elif key == "ema_decay" and None not in (before, after):
+            taken.append(Change(key, before, after, TAKEN))  # another decay: a hyperparameter
+        elif key in _REFUSED_BECAUSE or (key in _DATA_KEYS and mid_epoch):
+            action = DATA if key in _DATA_KEYS else REFUSED
+            refused.append(Change(key, before, after, action))
+        else:
+            taken.append(Change(key, before, after, TAKEN))
+    return Comparison(*_consequences_dropped(taken, refused))
+
+
+def _consequences_dropped(taken: list[Change], refused: list[Change]) -> tuple[tuple[Change, ...], ...]:
+    """Names each refused change once, by its cause: not the differences that follow from it.
+
+    Another optimizer class differs in every hyperparameter; EMA switched
+    on or off differs in `use_ema`; a hyperparameter that changes the
+    optimizer's variables (e.g. `amsgrad`) is refused itself, for the
+    variables' difference it causes; a model change changes them too.
+    """
+    keys = {change.key for change in refused}
+    if "optimizer" in keys:
+        taken = [c for c in taken if not c.key.startswith("optimizer.")]
+        refused = [c for c in refused if not c.key.startswith("optimizer.")]
+    if "ema_decay" in keys:
+        dropped = ("optimizer.use_ema", "optimizer.ema_momentum", "optimizer.variables")
+        taken = [c for c in taken if c.key not in dropped]
+        refused = [c for c in refused if c.key not in dropped]
+    if "optimizer.variables" in keys and "model.layers" in keys:
+        refused = [c for c in refused if c.key != "optimizer.variables"]
+    elif "optimizer.variables" in keys:
+        causes = [c for c in taken if c.key.startswith("optimizer.") and c.key != "optimizer.learning_rate"]
+        if causes:
+            taken = [c for c in taken if c not in causes]
+            refused = [c for c in refused if c.key != "optimizer.variables"]
+            refused += [dataclasses.replace(c, action=REFUSED) for c in causes]
+    return tuple(taken), tuple(refused)
+
+
+def refusal(comparison: Comparison, path: str, model_dir: str | None) -> RunChangedError:
+    """The error for a comparison with refused changes: each change, why, and the ways forward."""
+    lines = []
+    for change in comparison.refused:
+        why = _REFUSED_BECAUSE.get(change.key)
+        if change.action == DATA:
+            why = "the saved data position counts this data's batches, so the rest of the epoch would skip or repeat examples"
+        elif why is None:  # a hyperparameter that changes the optimizer's variables
+            why = _REFUSED_BECAUSE["optimizer.variables"]
+        lines.append(f"  - {change.line()}: {why}")
+    data_only = all(change.action == DATA for change in comparison.refused)
+    where = f" (move {model_dir} away, or pass another `model_dir`)" if model_dir else ""
+    forward = f"Start a new run with these settings in a new `model_dir`{where}"
+    if data_only:
+        forward += (
+            ", or resume from a checkpoint at an epoch end (`resume_from=` one written at an epoch end, "
+            "or keep the data as it was until the epoch ends)"
+        )
+    else:
+        forward += ", or rerun with the settings the checkpoint was written with"
+    return RunChangedError(
+        f"Cannot resume from {path}: the run changed in a way its checkpoint cannot follow:\n"
+        + "\n".join(lines)
+        + f"\nNothing was restored. {forward}."
+    )
+
+
+def apply_taken(comparison: Comparison, optimizer: Any, learning_rate: Any) -> Comparison:
+    """Puts the user's new learning rate back after a restore assigned the checkpoint's.
+
+    The restore assigns the checkpoint's value to the optimizer's learning
+    rate variable; the other hyperparameters are Python values the restore
+    leaves as the user set them. A learning rate that differs from the
+    record's but equals the checkpoint's (the run itself changed it, e.g.
+    `ReduceLROnPlateau` in a `fit` before this one on the same Trainer) is
+    the run's state, not a change: it is not said.
+
+    Args:
+        comparison: The comparison of the record with the new call.
+        optimizer: The model's optimizer.
+        learning_rate: The value the optimizer held before the restore (the user's).
+
+    Returns:
+        The comparison, less a learning rate change that was none.
+    """
+    if not any(change.key == "optimizer.learning_rate" for change in comparison.taken):
+        return comparison
+    restored = learning_rate_value(optimizer)
+    if restored is None or learning_rate is None:
+        return comparison
+    if restored == learning_rate:
+        taken = tuple(change for change in comparison.taken if change.key != "optimizer.learning_rate")
+        return dataclasses.replace(comparison, taken=taken)
+    optimizer.learning_rate.assign(learning_rate)
+    return comparison
+
+
+def learning_rate_value(optimizer: Any) -> Any:
+    """The optimizer's float learning rate as a NumPy value (None for a schedule, or no optimizer)."""
+    variable = getattr(optimizer, "learning_rate", None) if optimizer is not None else None
+    if isinstance(variable, keras.Variable | tf.Variable):
+        return variable.numpy()
+    return None
+
+
+def log_taken(comparison: Comparison, verbose: int) -> None:
+    """Says each change taken in one line: printed (and logged at INFO) unless `verbose` is 0, else a WARNING log."""
+    logger = logging.getLogger("tftrain")
+    for line in comparison.taken_lines():
+        message = f"tftrain: resuming with a change: {line}"
+        if verbose:
+            logger.info(message)
+            print(message)
+        else:
+            logger.warning(message)
+
+
+def write_file(directory: str, record: Mapping[str, Any], comparison: Comparison, step: int) -> str:
+    """Writes the readable copy of the record (`model_dir/run_record.json`), keeping the changes taken before.
+
+    Written to a temporary file and renamed, so a kill leaves the old copy or the new one.
+
+    Returns:
+        The file's path.
+    """
+    path = os.path.join(directory, RECORD_FILE)
+    changes: list[dict[str, Any]] = []
+    if tf.io.gfile.exists(path):
+        try:
+            with tf.io.gfile.GFile(path) as file:
+                changes = list(json.load(file).get("changes", []))
+        except (ValueError, tf.errors.OpError):  # an unreadable copy: the checkpoints hold the record
+            changes = []
+    changes += [
+        {"step": step, "key": change.key, "saved": change.saved, "now": change.now} for change in comparison.taken
+    ]
+    temporary = f"{path}.tmp"
+    with tf.io.gfile.GFile(temporary, "w") as file:
+        json.dump({"record": dict(record), "changes": changes}, file, indent=1, sort_keys=True)
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+    return path
