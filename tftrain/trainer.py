@@ -25,7 +25,7 @@ from tftrain.loops import fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
 from tftrain.options import EngineOptions, RunOptions
-from tftrain.services.loss_recovery import RecoveryPolicy
+from tftrain.services.loss_recovery import RecoveryPolicy, keep_every_steps_for
 from tftrain.services.protocol import Service, check_services
 
 # The model's step that the Trainer's default step of each kind calls.
@@ -185,6 +185,7 @@ class Trainer:
             loss_spike_threshold=loss_spike_threshold,
             max_rollbacks=max_rollbacks,
             rollback_lr_factor=rollback_lr_factor,
+            keep_every_steps=keep_every_steps_for(self.options),
         )
         self.recovery.check(model_dir=self.run_options.model_dir, terminate_on_nan=terminate_on_nan)
         self.services = check_services(services, reserved=run_setup.BUILT_IN_NAMES)

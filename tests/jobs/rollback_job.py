@@ -2,10 +2,12 @@
 
 Trains an MLP with Dropout under op determinism on a shuffled, repeating
 dataset whose targets are NaN in the batches of global steps 5 and 11 (and
-a spike of 1e4 at step 17), with checkpoints every 3 steps and 4-step calls,
-for 3 epochs of 8 steps. Writes the final weights, the optimizer's
-variables, the global step and the rollbacks to MODEL_DIR/final.npz.
-`--kill-after=N` SIGKILLs the process after global step N.
+a spike of 1e4 at step 17), with checkpoints every 3 steps and
+`steps_per_loop="auto"` (states kept every 4 steps, whatever k it measures),
+for 3 epochs of 8 steps. Step 5 rolls back to the state kept at step 4 (no
+checkpoint), 11 to 9, 17 to 16. Writes the final weights, the optimizer's
+variables, the global step, the rollbacks and the last epoch's logs to
+MODEL_DIR/final.npz. `--kill-after=N` SIGKILLs the process after global step N.
 """
 
 import argparse
@@ -74,14 +76,16 @@ def main():
         "mse",
         model_dir=args.model_dir,
         checkpoint_every_steps=3,
-        steps_per_loop=4,
+        steps_per_loop="auto",
         on_nonfinite="rollback",
         loss_spike_threshold=1e3,
         rollback_lr_factor=0.5,
         max_rollbacks=5,
     )
     callbacks = [] if args.kill_after is None else [KillAfter(trainer, args.kill_after)]
-    trainer.fit(dataset(), epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=callbacks)
+    history = trainer.fit(
+        dataset(), epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=callbacks
+    )
     checkpoint = tf.train.latest_checkpoint(os.path.join(args.model_dir, "checkpoints"))
     states = json.loads(tf.train.load_checkpoint(checkpoint).get_tensor("timing/.ATTRIBUTES/VARIABLE_VALUE"))
     arrays = {f"weight_{i}": weight for i, weight in enumerate(model.get_weights())}
@@ -90,6 +94,7 @@ def main():
         os.path.join(args.model_dir, "final.npz"),
         steps=int(trainer.global_step.numpy()),
         rollbacks=json.dumps(states["loss_recovery"]["rollbacks"]),
+        last_epoch_loss=history.history["loss"][-1],
         **arrays,
     )
 

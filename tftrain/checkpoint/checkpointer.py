@@ -325,6 +325,14 @@ class Checkpointer:
         self.restored_path = path
         return progress
 
+    def training_state(self) -> dict[str, Any]:
+        """The training state's trackables by name (model, optimizer, metrics, seeds, extra state), as saved now.
+
+        What `restore_training_state` restores; the run's progress, data
+        iterator and services' states are not in it.
+        """
+        return dict(self._state_fn())
+
     def restore_training_state(self, path: str) -> Progress:
         """Restores a checkpoint's training state only: the model, optimizer, metrics and extra state.
 

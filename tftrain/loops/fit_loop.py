@@ -68,7 +68,6 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         ),
         callbacks_decide_nan=callbacks_decide_nan,
         recovery=owner.recovery,
-        reset_metrics=owner.reset_metrics,
         averaged_weights=owner.averaged_weights if owner.ema_decay is not None else None,
         record=_run_record(owner, call) if owner.run_options.model_dir is not None else None,
     )
@@ -145,7 +144,7 @@ def _train_epoch(
         run=run,
         should_stop=lambda: owner.model.stop_training,
     )
-    epoch_logs = inference.pass_logs(owner, logs, "train")
+    epoch_logs = run.kept_logs(inference.pass_logs(owner, logs, "train"))
     if call.validation is not None and fit_checks.should_validate(epoch, call.validation_freq):
         if run.cut_by_budget:  # the epoch goes on in a larger budget: its metrics must too
             val_logs = inference.validate_mid_epoch(owner, call.validation.plan, callback_list)

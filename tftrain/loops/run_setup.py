@@ -113,7 +113,6 @@ def start_run(
     in_step_summaries: Callable[[], InStepSummaries | None] | None = None,
     callbacks_decide_nan: bool = False,
     recovery: RecoveryPolicy | None = None,
-    reset_metrics: Callable[[], None] | None = None,
     averaged_weights: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     record: dict[str, Any] | None = None,
 ) -> TrainingRun:
@@ -153,8 +152,6 @@ def start_run(
         recovery: What a loss blow-up does; with `on_nonfinite="rollback"`
             (and `model_dir`) a `LossRecovery` takes the NaN guard's place,
             first among the services.
-        reset_metrics: Resets the training metrics (after a rollback to
-            another epoch's checkpoint).
         averaged_weights: A block in which the model holds its EMA weights
             (`ema_decay`): the best checkpoint is saved in one. None: as they are.
         record: The call's run record (`tftrain.checkpoint.run_record.build`):
@@ -213,7 +210,7 @@ def start_run(
                 services.append(RunRecordService(record))
             _add_model_dir_services(services, where, checkpointer, window, timer, restored, data_mode)
             if rollback:
-                services.insert(0, _loss_recovery(recovery, services, model, reset_metrics))
+                services.insert(0, _loss_recovery(recovery, services, model, verbose))
             if lock is not None:
                 services.append(WriterLockService(lock))  # released at the run's end, after the last save
                 lock = None
@@ -397,22 +394,30 @@ def _add_model_dir_services(
             services.append(preemption)
 
 
-def _loss_recovery(
-    policy: RecoveryPolicy,
-    services: list[Service],
-    model: Any,
-    reset_metrics: Callable[[], None] | None,
-) -> LossRecovery:
-    """The rollback service, on the run's checkpoints (and TensorBoard writers, on the chief)."""
+def _loss_recovery(policy: RecoveryPolicy, services: list[Service], model: Any, verbose: int) -> LossRecovery:
+    """The rollback service, keeping states at the run's checkpoint steps too (and TensorBoard writers, on the chief)."""
     checkpoints = next(service for service in services if isinstance(service, CheckpointService))
     writer = next((service.writer for service in services if isinstance(service, SummaryService)), None)
     return LossRecovery(
         policy,
-        checkpoints,
         optimizer=getattr(model, "optimizer", None),
-        reset_metrics=reset_metrics or (lambda: None),
+        checkpoint_every_steps=checkpoints.when.every_steps,
+        verbose=verbose,
         writer=writer,
     )
+
+
+def _warn_unmatched_states(states: dict[str, Any], services: list[Service], path: str | None) -> None:
+    """Warns of a service state in the checkpoint that no service of this run takes (a user's service left out)."""
+    running = {service.name for service in services}
+    unmatched = sorted(name for name in states if name not in running and name not in BUILT_IN_NAMES)
+    if unmatched:
+        warnings.warn(
+            f"The checkpoint {path} holds the state of services this run does not have: {unmatched} "
+            f"(the run's services: {sorted(running)}). Their state is not restored; it is dropped from "
+            "the next checkpoint. Pass those services in `Trainer(services=[...])` to keep them.",
+            stacklevel=4,
+        )
 
 
 def _check_names(services: list[Service]) -> None:

@@ -3,14 +3,18 @@
 A `TrainingRun` (built by `tftrain.loops.run_setup.start_run`) tells the loop where
 a host call must end (the nearest service boundary), so a `steps_per_loop`
 call never jumps over one, reads each call's results one call late, and calls
-the services after it. `run_pass` runs one epoch of host calls.
+the services after it. `run_pass` runs one epoch of host calls. Where a
+service asks (`on_nonfinite="rollback"`), the run keeps its training state in
+memory and rolls back to it (`keep_state`, `roll_back`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tftrain import checkpoint as checkpoint_lib
+from tftrain.checkpoint.memory_snapshot import KeptState, Rollback, StateSnapshot
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import calls
 from tftrain.services.protocol import Service
@@ -52,6 +56,10 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.epoch_steps: int | None = None  # steps in the current epoch, if known
         self.timer = timing_service.timer if timing_service is not None else None
         self.nonfinite_step: int | None = None  # `RunState.nonfinite_step`: no checkpoint once set
+        # `RunState.steps_kept_in_epoch`: a resumed run's checkpoint holds its epoch's steps so far.
+        self.steps_kept_in_epoch = progress.step_in_epoch
+        self._snapshot: StateSnapshot | None = None  # made at the first `keep_state`: none without rollbacks
+        self._kept: KeptState | None = None
         self._unread: tuple[calls.PendingCall, bool] | None = None  # filed, results not read yet
         # A service acts on each call's results before the next call (`Service.reads_every_call`).
         self.reads_every_call = any(service.reads_every_call for service in self.services)
@@ -82,17 +90,69 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         """The newest checkpoint of the run, or None."""
         return self.checkpointer.latest if self.checkpointer is not None else None
 
-    def roll_back(self) -> tuple[str, checkpoint_lib.Progress]:
-        """Restores the newest checkpoint's training state; progress, data and services go on (`RunState.roll_back`)."""
-        path = self.latest_checkpoint()
-        if path is None:
+    def keep_state(self, *, steps_kept_in_epoch: int | None = None) -> bool:
+        """Keeps the training state in memory, as the state `roll_back` returns to (`RunState.keep_state`).
+
+        Args:
+            steps_kept_in_epoch: The epoch's steps the state holds, where the
+                run cannot count them itself (a resume: what its checkpoint
+                saved). None: the run's count.
+
+        Returns:
+            Whether it was kept: not if a model or optimizer variable is NaN
+            or infinite (the state kept before stays).
+
+        Raises:
+            ValueError: the run has no `model_dir` (no training state to keep).
+        """
+        if self.checkpointer is None:
             raise ValueError(
-                "Cannot roll back: this run has no checkpoint. Expected a `model_dir` holding one "
-                "(a run with on_nonfinite='rollback' saves one before its first step)."
+                "Cannot keep the training state: the run has no checkpointer. Expected a `model_dir`."
             )
-        restored = self.checkpointer.restore_training_state(path)
+        if self._snapshot is None:
+            self._snapshot = StateSnapshot(self.checkpointer.training_state)
+        if steps_kept_in_epoch is not None:
+            self.steps_kept_in_epoch = steps_kept_in_epoch
+        if not self._snapshot.take():
+            return False
+        step = self.progress.global_step
+        self._kept = KeptState(dataclasses.replace(self.progress), self.steps_kept_in_epoch, since=step)
+        return True
+
+    @property
+    def kept_progress(self) -> checkpoint_lib.Progress | None:
+        """Where the state `roll_back` returns to was kept (`RunState.kept_progress`), or None."""
+        return self._kept.progress if self._kept is not None else None
+
+    def roll_back(self) -> Rollback:
+        """Restores the kept training state; progress, data and services go on (`RunState.roll_back`).
+
+        Raises:
+            ValueError: no state is kept.
+        """
+        if self._kept is None or self._snapshot is None:
+            raise ValueError(
+                "Cannot roll back: no training state is kept. Expected `keep_state()` at a good step first."
+            )
+        self._snapshot.restore()
+        step = self.progress.global_step
+        lost = step - self._kept.since
+        self._kept = dataclasses.replace(self._kept, since=step)
+        self.steps_kept_in_epoch = self._kept.steps_kept_in_epoch
         self.nonfinite_step = None
-        return path, restored
+        return Rollback(dataclasses.replace(self._kept.progress), lost)
+
+    def kept_logs(self, logs: dict[str, Any]) -> dict[str, Any]:
+        """An epoch's logs as the kept steps give them: NaN for each where rollbacks kept none of its steps.
+
+        The metrics hold the kept steps alone (a rollback restores them with
+        the weights), so the logs are their mean; where no step of the epoch
+        is kept, a mean over none is NaN, never the values of metrics just
+        reset. Every key stays (callbacks monitor them; NaN is no improvement).
+        """
+        if self.steps_kept_in_epoch > 0 or self.progress.step_in_epoch == 0:
+            return logs
+        return {key: float("nan") for key in logs}
 
     def service_states(self) -> dict[str, Any]:
         """Every service's state, by name (saved with a checkpoint)."""
@@ -154,6 +214,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         missing = call.steps - result.steps  # the steps after a non-finite one did not run
         self.progress.global_step -= missing
         self.progress.step_in_epoch -= missing
+        self.steps_kept_in_epoch -= missing
         self._read(result)
 
     def _read(self, result: calls.LoopResult) -> None:
@@ -180,6 +241,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         """
         self.progress.global_step += result.steps
         self.progress.step_in_epoch += result.steps
+        self.steps_kept_in_epoch += result.steps
         if read:
             self._read(result)
         for service in self.services:
@@ -210,6 +272,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         if not self.cut_by_budget:
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
+            self.steps_kept_in_epoch = 0
         for service in self.services:
             service.end_epoch(self, epoch_logs)
 

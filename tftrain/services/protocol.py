@@ -22,6 +22,7 @@ from tftrain.options import check_int
 
 if TYPE_CHECKING:
     from tftrain.checkpoint import Progress
+    from tftrain.checkpoint.memory_snapshot import Rollback
     from tftrain.engine.calls import LoopResult
 
 __all__ = ["EveryNSteps", "RunState", "Service", "check_services"]
@@ -40,12 +41,16 @@ class RunState(Protocol):
             or None. A run goes on past one only where the call's callbacks
             hold Keras's `TerminateOnNaN`; a service that writes the run's
             state (a checkpoint) writes nothing once it is set.
+        steps_kept_in_epoch: Steps of the current epoch whose training the
+            model holds: `progress.step_in_epoch`, less the steps rollbacks
+            threw away.
     """
 
     progress: Progress
     epoch_steps: int | None
     total_steps: int | None
     nonfinite_step: int | None
+    steps_kept_in_epoch: int
 
     @property
     def epoch_ending(self) -> bool:
@@ -70,19 +75,35 @@ class RunState(Protocol):
     def report_validation(self, logs: dict[str, Any]) -> None:
         """Tells every service (`Service.validated`) of a validation taken at the current step."""
 
-    def roll_back(self) -> tuple[str, Progress]:
-        """Restores the training state of the run's newest checkpoint; the run goes on from where it is.
+    def keep_state(self, *, steps_kept_in_epoch: int | None = None) -> bool:
+        """Keeps the training state in memory (model, optimizer, metrics, the owner's state, seeds), replacing the last.
 
-        The model, its optimizer, the metrics and the owner's own state take
-        the checkpoint's values; the global step, the data position and the
-        services' states do not (the batches read since are not read again).
-        Clears `nonfinite_step`, so checkpoints are written again.
+        Args:
+            steps_kept_in_epoch: The epoch's steps the state holds, where the
+                run cannot count them (a resume); None: the run's count.
 
         Returns:
-            The checkpoint's path and its progress.
+            Whether it was kept: not where a model or optimizer variable is
+            NaN or infinite (the state kept before stays).
+        """
+
+    @property
+    def kept_progress(self) -> Progress | None:
+        """Where the state `roll_back` returns to was kept, or None."""
+
+    def roll_back(self) -> Rollback:
+        """Restores the state `keep_state` kept; the run goes on from where it is.
+
+        The model, its optimizer, the metrics, the seeds and the owner's own
+        state take the kept values; the global step, the data position and
+        the services' states do not (the batches read since are not read
+        again). Clears `nonfinite_step`, so checkpoints are written again.
+
+        Returns:
+            The kept state's progress and the steps thrown away.
 
         Raises:
-            ValueError: the run has no checkpoint.
+            ValueError: no state is kept.
         """
 
 
