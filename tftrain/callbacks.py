@@ -13,12 +13,11 @@ Example:
 
 from __future__ import annotations
 
-import os
-
 import keras
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import options, summaries
+from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.compat import keras_internals
 from tftrain.engine import calls
 from tftrain.loops import run_setup
@@ -170,7 +169,7 @@ class TensorBoardSummaries(ServicesCallback):
             total = steps * epochs if steps and epochs else None
             window = options.check_profile_steps(self.profile_steps, total)
             services.append(
-                ProfilerService(summaries.ProfileWindow(os.path.join(self.log_dir, "train"), window))
+                ProfilerService(summaries.ProfileWindow(ModelDirLayout(self.log_dir).train, window))
             )
         timer = self.timing.timer if self.timing is not None else None
         writer = summaries.TrainingSummaries(self.log_dir, every_steps=self.every_steps)
@@ -213,7 +212,7 @@ class CheckpointAndResume(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         model = self.model
         self.checkpointer = checkpoint_lib.Checkpointer(
-            os.path.join(self.directory, "checkpoints"),
+            ModelDirLayout(self.directory).checkpoints,
             # Metric states are not needed: fit resumes at an epoch start, where they are reset.
             lambda: checkpoint_lib.training_state(model, metrics=False),
             max_to_keep=self.max_to_keep,

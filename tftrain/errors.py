@@ -9,11 +9,13 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWriteError",
     "CorruptCheckpointError",
     "DatasetUnavailableError",
     "EvaluationTimeoutError",
     "IncompatibleCheckpointError",
     "KerasInternalsError",
+    "ModelDirError",
     "ModelDirInUseError",
     "NonFiniteLossError",
     "NonFiniteStateError",
@@ -72,6 +74,44 @@ class RunChangedError(IncompatibleCheckpointError):
 
 class NonFiniteStateError(CheckpointError, FloatingPointError):
     """Training state holds NaN or infinite values, so it is not checkpointed."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, a denied permission, a quota, a lost directory).
+
+    The error the write met is chained as `__cause__`. What was recorded
+    before it is untouched: rerunning `fit` on the same `model_dir` resumes
+    from `kept`.
+
+    Attributes:
+        checkpoint: The checkpoint (path prefix) that could not be written,
+            or None where the write was refused before it had a name.
+        kept: The newest recorded checkpoint still on disk, which a rerun
+            resumes from, or None if there is none.
+    """
+
+    def __init__(self, message: str, *, checkpoint: str | None = None, kept: str | None = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.kept = kept
+
+
+class ModelDirError(CheckpointWriteError):
+    """A run's `model_dir` was removed, or its writer lock removed or taken, while the run used it.
+
+    The run stops before writing anything more: it never recreates a
+    directory removed under it, nor writes beside another writer.
+
+    Attributes:
+        directory: The directory that changed: the `model_dir`, or a
+            checkpoint directory in it.
+        checkpoint: None (nothing was written).
+        kept: The newest recorded checkpoint still on disk, or None.
+    """
+
+    def __init__(self, message: str, *, directory: str | None = None, kept: str | None = None):
+        super().__init__(message, kept=kept)
+        self.directory = directory
 
 
 class ModelDirInUseError(RuntimeError):

@@ -25,14 +25,14 @@ import tensorflow as tf
 
 from tftrain import options, summaries
 from tftrain.checkpoint import CheckpointError, IncompatibleCheckpointError, restore_model
+from tftrain.checkpoint.layout import EVAL_RUN, LOCK_NAME, ModelDirLayout
 from tftrain.checkpoint.validation import VARIABLE_SUFFIX
-from tftrain.checkpoint.writer_lock import LOCK_NAME, live_writer
+from tftrain.checkpoint.writer_lock import live_writer
 from tftrain.errors import EvaluationTimeoutError
 from tftrain.options import check_int
 
 __all__ = ["EVAL_RUN", "RESULTS_FILE", "EvaluationTimeoutError", "evaluate_continuously", "read_results"]
 
-EVAL_RUN = "eval"
 RESULTS_FILE = "results.json"
 _GLOBAL_STEP_KEY = "progress/global_step" + VARIABLE_SUFFIX
 _LOGGER = logging.getLogger("tftrain")
@@ -50,7 +50,7 @@ def read_results(model_dir: str) -> dict[int, dict[str, float]]:
     Raises:
         ValueError: `model_dir/eval/results.json` exists but is not such a file.
     """
-    path = os.path.join(str(model_dir), EVAL_RUN, RESULTS_FILE)
+    path = os.path.join(ModelDirLayout(os.fspath(model_dir)).evaluation, RESULTS_FILE)
     if not tf.io.gfile.exists(path):
         return {}
     with tf.io.gfile.GFile(path) as handle:
@@ -147,7 +147,7 @@ def evaluate_continuously(
         callbacks=callbacks,
         return_dict=True,
     )
-    checkpoint_dir = os.path.join(model_dir, "checkpoints")
+    checkpoint_dir = ModelDirLayout(model_dir).checkpoints
     results = read_results(model_dir)
     writer = summaries.TrainingSummaries(model_dir)
     step_of: dict[str, int | None] = {}  # checkpoint path -> its global step (None: rotated away)
@@ -228,7 +228,7 @@ def _check_arguments(
             "`model_dir`. Expected the directory of the training run to evaluate "
             "(`Trainer(..., model_dir=...)` or `model_dir=...`)."
         )
-    model_dir = os.fspath(model_dir)
+    model_dir = options.check_path_not_empty(model_dir, "model_dir")
     if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
         raise ValueError(
             f"Invalid value for argument `model_dir`. Received: model_dir={model_dir!r}, a file. "
@@ -310,7 +310,7 @@ def _evaluate(
 
 def _write_results(model_dir: str, results: dict[int, dict[str, float]]) -> None:
     """Writes results.json atomically: a reader (or a restarted evaluator) sees the old or the new file."""
-    directory = os.path.join(model_dir, EVAL_RUN)
+    directory = ModelDirLayout(model_dir).evaluation
     tf.io.gfile.makedirs(directory)
     path = os.path.join(directory, RESULTS_FILE)
     temporary = f"{path}.tmp.{os.getpid()}"
@@ -325,7 +325,7 @@ def _timeout_error(
     if not tf.io.gfile.isdir(model_dir):
         seen = f"{model_dir} does not exist"
     elif newest is None:
-        seen = f"{model_dir}/checkpoints holds no checkpoint"
+        seen = f"{ModelDirLayout(model_dir).checkpoints} holds no checkpoint"
     else:
         seen = f"the newest checkpoint seen is {newest}"
     writer = (

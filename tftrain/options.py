@@ -30,6 +30,7 @@ __all__ = [
     "check_jit_compile",
     "check_peak_flops",
     "check_lr_sweep",
+    "check_path_not_empty",
     "check_profile_steps",
     "check_validation_every_steps",
     "check_validation_freq",
@@ -212,6 +213,22 @@ def check_lr_sweep(min_lr: Any, max_lr: Any, steps: Any, smoothing: Any, stop_fa
         )
 
 
+def check_path_not_empty(path: str | bytes | os.PathLike, argument: str) -> str:
+    """`path` as a string, checked not empty (an empty directory would put its files at `/name`).
+
+    Raises:
+        ValueError: `path` is empty.
+    """
+    text = os.fsdecode(os.fspath(path))
+    if not text:
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={text!r}. Expected a "
+            "directory path: an empty one names no directory (e.g. an unset environment variable read "
+            f"with a default of ''). Pass a path such as 'runs/exp1', or {argument}=None for none."
+        )
+    return text
+
+
 def check_directory_path(path: Any, argument: str) -> str:
     """Checks, without creating or writing anything, that `path` can be a writable directory.
 
@@ -223,15 +240,15 @@ def check_directory_path(path: Any, argument: str) -> str:
 
     Raises:
         TypeError: `path` is not a path.
-        ValueError: `path` is a file, or it (or the directory it would be
-            created in) is not writable.
+        ValueError: `path` is empty or a file, or it (or the directory it
+            would be created in) is not writable.
     """
     if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
         raise TypeError(
             f"Invalid value for argument `{argument}`. Received: {argument}={path!r}. "
             "Expected a directory path (str or os.PathLike)."
         )
-    path = str(path.__fspath__() if hasattr(path, "__fspath__") else path)
+    path = check_path_not_empty(path, argument)
     if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
         raise ValueError(
             f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which is a "

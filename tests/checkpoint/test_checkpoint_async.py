@@ -16,6 +16,7 @@ from helpers import compile_args, make_mlp
 import tftrain
 from tftrain.checkpoint import Checkpointer, Progress, training_state
 from tftrain.compat import keras_internals
+from tftrain.errors import CheckpointWriteError
 
 RNG = np.random.RandomState(0)
 X = RNG.rand(48, 6).astype("float32")
@@ -102,8 +103,10 @@ def test_a_failed_background_write_raises_at_sync_and_keeps_the_previous_checkpo
 
     monkeypatch.setattr(tf.train.Checkpoint, "_write", failing_write)
     checkpointer.save(Progress(global_step=2), number=2)  # returns at once; the write fails later
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(CheckpointWriteError, match="ckpt-2: OSError: No space left.*ckpt-1, is intact") as raised:
         checkpointer.sync()
+    assert isinstance(raised.value.__cause__, OSError)
+    assert raised.value.kept == str(tmp_path / "ckpts" / "ckpt-1")
     monkeypatch.undo()
     assert checkpointer.latest == str(tmp_path / "ckpts" / "ckpt-1")
     checkpointer.close()

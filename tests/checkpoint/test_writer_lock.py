@@ -5,11 +5,13 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import make_mlp
 
 import tftrain
@@ -83,4 +85,56 @@ def test_the_lock_is_released_when_fit_fails(tmp_path):
 
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(*data(), callbacks=[Fail()], verbose=0)
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_second_trainer_of_the_same_process_is_refused_while_the_first_runs(tmp_path):
+    second = tftrain.Trainer(make_mlp(2), optimizer="sgd", loss="mse", model_dir=str(tmp_path))
+    refused = []
+
+    class StartTheSecond(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            with pytest.raises(
+                checkpoint_lib.ModelDirInUseError, match="Another Trainer or thread of this process"
+            ) as raised:
+                second.fit(*data(), verbose=0)
+            refused.append(raised.value)
+
+    first = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir=str(tmp_path))
+    first.fit(*data(), callbacks=[StartTheSecond()], verbose=0)
+    assert len(refused) == 1 and f"its lock: {tmp_path / LOCK_NAME}" in str(refused[0])
+    assert int(second.model.optimizer.iterations) == 0
+    assert int(first.model.optimizer.iterations) == 1
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-1")
+    assert not (tmp_path / LOCK_NAME).exists()
+    second.fit(*data(), verbose=0)  # once the first has ended, the directory is free (and resumed)
+
+
+def test_of_threads_taking_one_lock_at_once_exactly_one_holds_it(tmp_path):
+    barrier = threading.Barrier(4)
+    held, refused = [], []
+
+    def take():
+        barrier.wait()
+        try:
+            held.append(WriterLock(str(tmp_path)))
+        except checkpoint_lib.ModelDirInUseError:
+            refused.append(threading.current_thread().name)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(held) == 1 and len(refused) == 3
+    with pytest.raises(checkpoint_lib.ModelDirInUseError, match="thread"):
+        WriterLock(str(tmp_path))  # and from the main thread too
+    held[0].close()
+    WriterLock(str(tmp_path)).close()  # released: free again
+
+
+def test_a_lock_of_this_process_that_nothing_holds_is_taken_over(tmp_path):
+    write_lock(tmp_path, pid=os.getpid())  # left by an earlier run of this process that never released it
+    with pytest.warns(UserWarning, match="an earlier run of this process left it"):
+        WriterLock(str(tmp_path)).close()
     assert not (tmp_path / LOCK_NAME).exists()

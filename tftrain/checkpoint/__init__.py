@@ -12,7 +12,9 @@ only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
 - `validation`: reading a checkpoint whole and checking it against the model
   before anything is assigned.
 - `warm_start`: initializing a new run from another run's checkpoint.
-- `writer_lock`: one writing process per `model_dir`.
+- `layout`: every path under a `model_dir`.
+- `writer_lock`: one writer per `model_dir`, and the check that the
+  directory is still the run's.
 - `data_position`: how a checkpoint keeps the input pipeline's position.
 - `run_record`: what a run's results depend on, saved with its checkpoints
   and compared at every resume (changes taken, or refused).
@@ -25,8 +27,10 @@ from tftrain.checkpoint.validation import ensure_writable_directory, open_checkp
 from tftrain.checkpoint.warm_start import WarmStartReport, warm_start
 from tftrain.errors import (
     CheckpointError,
+    CheckpointWriteError,
     CorruptCheckpointError,
     IncompatibleCheckpointError,
+    ModelDirError,
     ModelDirInUseError,
     NonFiniteStateError,
     RunChangedError,
@@ -38,8 +42,10 @@ __all__ = [
     "warm_start",
     "WarmStartReport",
     "ModelDirInUseError",
+    "ModelDirError",
     "CHECKPOINT_NAME",
     "CheckpointError",
+    "CheckpointWriteError",
     "Checkpointer",
     "CorruptCheckpointError",
     "IncompatibleCheckpointError",

@@ -39,8 +39,9 @@ from tftrain.checkpoint.validation import (
     open_checkpoint,
     read_all_tensors,
 )
+from tftrain.checkpoint.writer_lock import lost_directory_error
 from tftrain.compat import keras_internals
-from tftrain.errors import NonFiniteStateError
+from tftrain.errors import CheckpointWriteError, ModelDirError, NonFiniteStateError
 from tftrain.options import check_int
 
 
@@ -83,6 +84,11 @@ class Checkpointer:
             checkpoint only once complete, so a crash mid-write leaves the
             previous one. The next `save`, `sync` and every restore wait for
             a pending write (and raise its error, if it failed).
+        writer_check: Called before each write; raises `ModelDirError` to
+            stop it (`tftrain.checkpoint.writer_lock.check_writer`: the
+            `model_dir` is still there, its writer lock still this run's).
+            `directory` itself is checked either way: a directory removed
+            under the run is never recreated.
 
     Raises:
         ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
@@ -100,6 +106,7 @@ class Checkpointer:
         restore_directory: str | None = None,
         global_step: tf.Variable | None = None,
         async_write: bool = False,
+        writer_check: Callable[[], None] | None = None,
     ):
         check_int("max_to_keep", max_to_keep)
         if not isinstance(async_write, bool):
@@ -115,6 +122,8 @@ class Checkpointer:
         self.directory = ensure_writable_directory(directory, "model_dir")
         self.max_to_keep = max_to_keep
         self.restore_directory = restore_directory or self.directory
+        self.writer_check = writer_check
+        self._pending: str | None = None  # an asynchronous write not known to be complete
         with tf.init_scope():
             self._progress = {
                 field.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=field.name)
@@ -440,11 +449,17 @@ class Checkpointer:
 
         Raises:
             NonFiniteStateError: a model or optimizer variable is not finite.
+            ModelDirError: the directory (or the run's `model_dir`) was
+                removed, or another writer took its lock: nothing is written.
+            CheckpointWriteError: the files could not be written (this one's,
+                or a pending asynchronous write's); the error met is chained,
+                and the last recorded checkpoint is kept.
         """
         self.check_finite()
         # A pending write reads the object graph from its thread: wait before changing it
         # (TensorFlow's next save would wait for it anyway).
         self.sync()
+        self._check_directory()
         for name, variable in self._progress.items():
             if variable is self._shared_step:
                 if int(variable.numpy()) != progress.global_step:
@@ -467,9 +482,10 @@ class Checkpointer:
         if with_iterator:
             self._data.iterator = iterator
             self._iterator_saved.assign(True)
+            unsaveable = (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError)
             try:
-                return self._write(number)
-            except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as error:
+                return self._write(number, passing=unsaveable)
+            except unsaveable as error:
                 # e.g. a pipeline with a Python generator or stateful op: tf.data cannot save it.
                 self._warn_iterator_unsaveable(str(error).splitlines()[0])
                 self.clean_leftovers()
@@ -478,9 +494,54 @@ class Checkpointer:
         self._iterator_saved.assign(False)
         return self._write(number)
 
-    def _write(self, number: int | None) -> str:
-        with native_log.without_save_info():
-            return self._save_files(number)
+    def _write(self, number: int | None, passing: tuple[type[Exception], ...] = ()) -> str:
+        """Writes the files; an error writing them (but `passing`) raises `CheckpointWriteError`."""
+        shown = number if number is not None else int(self._root.save_counter.numpy()) + 1
+        path = tf.io.gfile.join(self.directory, f"{CHECKPOINT_NAME}-{shown}")
+        try:
+            with native_log.without_save_info():
+                path = self._save_files(number)
+        except passing:
+            raise
+        except (tf.errors.OpError, OSError) as error:
+            raise self._write_failed(path, error) from error
+        self._pending = path if self.async_write else None
+        return path
+
+    def _check_directory(self) -> None:
+        """Raises `ModelDirError` where the next write would go to a directory removed or taken under the run."""
+        if self.writer_check is not None:
+            self.writer_check()
+        if not tf.io.gfile.isdir(self.directory):
+            kept = files.last_kept(self.restore_directory)
+            raise lost_directory_error(self.directory, "the directory was removed", kept)
+
+    def _write_failed(self, path: str, error: Exception) -> CheckpointWriteError:
+        """The error to raise for a write of `path` that failed with `error` (its partial files removed, if possible)."""
+        self._manager = None  # the manager's own record may count the failed save: read the disk's again
+        try:
+            self._check_directory()
+        except ModelDirError as lost:  # the directory went while the files were written
+            return lost
+        try:
+            self.clean_leftovers()
+            cleanup = ""
+        except Exception as cleanup_error:  # the write's error is the one to report
+            cleanup = f" Removing its partial files failed too ({files.error_line(cleanup_error)})."
+        kept = files.last_kept(self.restore_directory)
+        resume = (
+            f"The last checkpoint written, {kept}, is intact and kept: rerunning `fit` on the same "
+            "model_dir resumes from it."
+            if kept is not None
+            else "No checkpoint was written before it: a rerun on the same model_dir starts from the beginning."
+        )
+        return CheckpointWriteError(
+            f"Could not write the checkpoint {path}: {files.error_line(error)}.{cleanup} {resume} Expected "
+            f"room and write permission in {self.directory}: free space (or raise the quota, fix the "
+            "permissions), then rerun.",
+            checkpoint=path,
+            kept=kept,
+        )
 
     def _save_files(self, number: int | None) -> str:
         if not self.async_write:
@@ -500,16 +561,29 @@ class Checkpointer:
         """Waits until a pending asynchronous save is written and recorded.
 
         Raises:
-            Exception: the error that made the pending write fail (e.g. a full
-                disk); the checkpoint before it is still the latest.
+            CheckpointWriteError: the pending write failed (e.g. a full disk);
+                the checkpoint before it is still the latest. The error met
+                is chained.
         """
-        if self.async_write:
+        if not self.async_write:
+            return
+        pending, self._pending = self._pending, None
+        try:
             keras_internals.wait_for_async_checkpoint(self._root)
+        except (tf.errors.OpError, OSError) as error:
+            raise self._write_failed(pending or self.directory, error) from error
 
     def close(self) -> None:
-        """Waits for a pending asynchronous save and stops the writer thread (a no-op otherwise)."""
+        """Waits for a pending asynchronous save and stops the writer thread (a no-op otherwise).
+
+        Raises:
+            CheckpointWriteError: the pending write failed (the thread is stopped either way).
+        """
         if self.async_write and self._async_objects is not None:
-            self._replace_root()
+            try:
+                self.sync()
+            finally:
+                self._replace_root()
 
     def _replace_root(self) -> None:
         """Stops the asynchronous writer (after its pending save) and starts over with a fresh root."""

@@ -12,7 +12,7 @@ import warnings
 
 import tensorflow as tf
 
-__all__ = ["CHECKPOINT_NAME", "candidates", "clean_leftovers", "recorded", "set_aside"]
+__all__ = ["CHECKPOINT_NAME", "candidates", "clean_leftovers", "error_line", "last_kept", "recorded", "set_aside"]
 
 CHECKPOINT_NAME = "ckpt"
 
@@ -32,6 +32,23 @@ def recorded(directory: str) -> list[str] | None:
         )
         return None
     return list(state.all_model_checkpoint_paths) if state else []
+
+
+def error_line(error: BaseException) -> str:
+    """A write's error in one line: its type and the first line of its message (no TensorFlow op prefix)."""
+    message = error.message if isinstance(error, tf.errors.OpError) else str(error)
+    lines = re.sub(r"^\{\{[^}]*\}\}\s*", "", message.strip()).splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def last_kept(directory: str) -> str | None:
+    """The newest checkpoint the state file records whose files are still on disk, or None (checked, never warned)."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+        listed = list(state.all_model_checkpoint_paths) if state else []
+        return next((path for path in reversed(listed) if tf.io.gfile.exists(f"{path}.index")), None)
+    except (tf.errors.OpError, OSError, ValueError):  # a state file one cannot read keeps nothing sure
+        return None
 
 
 def _found_on_disk(directory: str) -> list[str]:

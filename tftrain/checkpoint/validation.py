@@ -254,9 +254,12 @@ def ensure_writable_directory(path: Any, argument: str) -> str:
         tf.io.gfile.makedirs(path)
         # A name of this process's own: the workers of a multi-worker run check the same directory.
         probe = tf.io.gfile.join(path, f".tftrain_write_test.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-        with tf.io.gfile.GFile(probe, "w") as handle:
-            handle.write("ok")
-        tf.io.gfile.remove(probe)
+        try:
+            with tf.io.gfile.GFile(probe, "w") as handle:
+                handle.write("ok")
+        finally:
+            if tf.io.gfile.exists(probe):  # a full disk creates the file, then fails to write it
+                tf.io.gfile.remove(probe)
     except (tf.errors.OpError, OSError) as error:
         raise ValueError(
             f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which cannot be "

@@ -3,11 +3,19 @@
 The same command launched twice on one `model_dir` would interleave two runs'
 checkpoints in one directory. The writer holds `model_dir/writer.lock` (host,
 process id, its start time, since when, last heartbeat) while `fit` runs; a
-second writer is refused with those facts. A lock whose process is gone is
-stale and taken over, so rerunning a killed job keeps working: on the same
-host the process is checked directly (its id and start time, which tell a
-reused id apart); from another host only the heartbeat can tell, and a lock not
-refreshed for `stale_after_s` is stale.
+second writer is refused with those facts, whether it is another process,
+another `Trainer` of the same process or another thread (a process keeps a
+table of the locks it holds: a lock file naming the process itself is live
+while that table holds it). A lock whose process is gone is stale and taken
+over, so rerunning a killed job keeps working: on the same host the process is
+checked directly (its id and start time, which tell a reused id apart); from
+another host only the heartbeat can tell, and a lock not refreshed for
+`stale_after_s` is stale.
+
+A held lock also tells its writer that the directory is still its own
+(`WriterLock.check`, before each checkpoint): a `model_dir` removed, or a lock
+file removed or taken over by another writer, stops the run with
+`tftrain.errors.ModelDirError` rather than recreating the directory.
 """
 
 from __future__ import annotations
@@ -15,15 +23,29 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
+import uuid
 import warnings
+import weakref
 from typing import Any
 
 import tensorflow as tf
 
-from tftrain.errors import ModelDirInUseError
+from tftrain.checkpoint import files
+from tftrain.checkpoint.layout import LOCK_NAME, ModelDirLayout
+from tftrain.errors import ModelDirError, ModelDirInUseError
 
-LOCK_NAME = "writer.lock"
+__all__ = [
+    "HEARTBEAT_S",
+    "LOCK_NAME",
+    "STALE_AFTER_S",
+    "WriterLock",
+    "check_writer",
+    "live_writer",
+    "lost_directory_error",
+]
+
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0
 
@@ -72,8 +94,61 @@ def live_writer(model_dir: str, stale_after_s: float = STALE_AFTER_S) -> dict[st
     Only reads the lock: a reader (a continuous evaluator) uses it to tell
     whether training still runs. A stale or unreadable lock counts as no writer.
     """
-    holder = _read_lock(os.path.join(model_dir, LOCK_NAME))
+    holder = _read_lock(ModelDirLayout(model_dir).lock)
     return holder if holder and _holder_alive(holder, stale_after_s) else None
+
+
+# The locks this process holds, by lock file: a lock file naming this process is
+# live while its `WriterLock` is here (another Trainer or thread must not take it over).
+_HELD: weakref.WeakValueDictionary[str, WriterLock] = weakref.WeakValueDictionary()
+_HELD_CHANGE = threading.Lock()
+
+
+def _key(path: str) -> str:
+    return path if "://" in path else os.path.realpath(path)
+
+
+def check_writer(model_dir: str) -> None:
+    """Raises `ModelDirError` unless this process holds `model_dir`'s writer lock, in place.
+
+    Args:
+        model_dir: A run's directory.
+
+    Raises:
+        ModelDirError: `model_dir` or its lock file was removed, or another
+            writer holds the lock now.
+    """
+    lock = _HELD.get(_key(ModelDirLayout(model_dir).lock))
+    if lock is None:
+        raise _lost(ModelDirLayout(model_dir), "this process does not hold its writer lock")
+    lock.check()
+
+
+def _lost(layout: ModelDirLayout, what: str) -> ModelDirError:
+    return lost_directory_error(layout.root, what, files.last_kept(layout.checkpoints))
+
+
+def lost_directory_error(directory: str, what: str, kept: str | None) -> ModelDirError:
+    """The error that stops a run whose directory changed under it.
+
+    Args:
+        directory: The run's `model_dir` (or a checkpoint directory in it).
+        what: What happened to it, e.g. "the directory was removed".
+        kept: The newest recorded checkpoint still on disk, or None.
+    """
+    resume = (
+        f"The last checkpoint that is safe is {kept}: a rerun on the same model_dir resumes from it "
+        "(once no other process writes there)."
+        if kept is not None
+        else "No checkpoint of this run is left: a rerun starts from the beginning."
+    )
+    return ModelDirError(
+        f"The run stopped writing to {directory}: {what} while it ran. A run never recreates a "
+        f"directory removed under it, nor writes beside another writer. {resume} Expected the "
+        "model_dir, and its writer.lock, to stay in place while `fit` runs.",
+        directory=directory,
+        kept=kept,
+    )
 
 
 class WriterLock:
@@ -84,15 +159,21 @@ class WriterLock:
         stale_after_s: A lock from another host not refreshed for this long is stale.
 
     Raises:
-        ModelDirInUseError: a live process holds the lock.
+        ModelDirInUseError: a live process holds the lock, or another `Trainer`
+            or thread of this process does.
     """
 
     def __init__(self, model_dir: str, stale_after_s: float = STALE_AFTER_S):
-        self.path = os.path.join(model_dir, LOCK_NAME)
+        self.layout = ModelDirLayout(model_dir)
+        self.path = self.layout.lock
         self.stale_after_s = stale_after_s
         self._last_heartbeat = 0.0
         self._owned = False
-        self._acquire()
+        self._token = uuid.uuid4().hex  # tells this lock's file from any other's, in any process
+        self._key = _key(self.path)
+        with _HELD_CHANGE:
+            self._acquire()
+            _HELD[self._key] = self
 
     def _record(self, since: float) -> dict[str, Any]:
         pid = os.getpid()
@@ -100,30 +181,36 @@ class WriterLock:
             "host": socket.gethostname(),
             "pid": pid,
             "process_start": _process_start(pid),
+            "thread": threading.current_thread().name,
             "since": since,
             "heartbeat": time.time(),
+            "token": self._token,
         }
 
     def _stale(self, holder: dict[str, Any]) -> bool:
-        if holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid():
-            return True  # an earlier run of this process that did not close (e.g. an exception)
+        if _ours(holder):
+            return True  # a lock of this process that is no longer held (never closed): none is live
         return not _holder_alive(holder, self.stale_after_s)
 
     def _read(self) -> dict[str, Any] | None:
         return _read_lock(self.path)
 
     def _acquire(self) -> None:
+        other = _HELD.get(self._key)
+        if other is not None:  # another Trainer or thread of this process writes there
+            raise self._in_use(other._read() or {"since": other._since}, this_process=True)
         for _ in range(3):  # another process may create or take over the lock between our steps
             holder = self._read()
             if holder is not None:
                 if holder and not self._stale(holder):
                     raise self._in_use(holder)
                 if holder:
-                    warnings.warn(
-                        f"Taking over {self.path}: its writer ({holder.get('host')} process "
-                        f"{holder.get('pid')}) is gone.",
-                        stacklevel=4,
+                    writer = (
+                        "an earlier run of this process left it, never released"
+                        if _ours(holder)
+                        else f"its writer ({holder.get('host')} process {holder.get('pid')}) is gone"
                     )
+                    warnings.warn(f"Taking over {self.path}: {writer}.", stacklevel=5)
                 try:
                     tf.io.gfile.remove(self.path)
                 except tf.errors.NotFoundError:
@@ -133,8 +220,15 @@ class WriterLock:
                 return
         raise self._in_use(self._read() or {})
 
-    def _in_use(self, holder: dict[str, Any]) -> ModelDirInUseError:
+    def _in_use(self, holder: dict[str, Any], *, this_process: bool = False) -> ModelDirInUseError:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
+        if this_process:
+            return ModelDirInUseError(
+                "Another Trainer or thread of this process is writing to this model_dir: thread "
+                f"{holder.get('thread')!r}, since {since} (its lock: {self.path}). Two runs on one "
+                "model_dir would interleave their checkpoints. Expected one writer: let that `fit` "
+                "end first, or use another model_dir."
+            )
         return ModelDirInUseError(
             f"Another process is writing to this model_dir: {holder.get('host')} process "
             f"{holder.get('pid')}, since {since} (its lock: {self.path}). Two runs on one model_dir "
@@ -170,13 +264,49 @@ class WriterLock:
         tf.io.gfile.rename(temporary, self.path, overwrite=True)
         self._last_heartbeat = time.monotonic()
 
+    def check(self) -> None:
+        """Raises `ModelDirError` unless the lock file is still this lock's (a read of one small file).
+
+        Raises:
+            ModelDirError: the `model_dir` or the lock file was removed, or
+                another writer holds the lock now.
+        """
+        holder = self._read()
+        if holder is not None and holder.get("token") == self._token:
+            return
+        if not tf.io.gfile.isdir(self.layout.root):
+            reason = "the directory was removed"
+        elif holder is None:
+            reason = f"its writer lock {self.path} was removed"
+        elif not holder:
+            reason = f"its writer lock {self.path} was overwritten"
+        else:
+            reason = (
+                f"its writer lock {self.path} was taken over by {holder.get('host')} process "
+                f"{holder.get('pid')}"
+            )
+        raise _lost(self.layout, reason)
+
     def refresh(self) -> None:
-        """Rewrites the lock's heartbeat if it is due (at most every `HEARTBEAT_S` seconds)."""
+        """Rewrites the lock's heartbeat if it is due (at most every `HEARTBEAT_S` seconds).
+
+        Raises:
+            ModelDirError: the lock is no longer this one's (`check`); nothing is rewritten.
+        """
         if time.monotonic() - self._last_heartbeat > HEARTBEAT_S:
+            self.check()
             self._write(self._since)
 
     def close(self) -> None:
-        """Releases the lock (removes the file, if this process holds it)."""
-        if self._owned and tf.io.gfile.exists(self.path):
-            tf.io.gfile.remove(self.path)
-        self._owned = False
+        """Releases the lock: removes the file if it is still this lock's (never another writer's)."""
+        with _HELD_CHANGE:
+            if self._owned and (self._read() or {}).get("token") == self._token:
+                tf.io.gfile.remove(self.path)
+            self._owned = False
+            if _HELD.get(self._key) is self:
+                del _HELD[self._key]
+
+
+def _ours(holder: dict[str, Any]) -> bool:
+    """Whether a lock record names this process."""
+    return holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()

@@ -36,7 +36,8 @@ import tensorflow as tf
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import distribute, summaries, timing
 from tftrain.checkpoint import data_position, run_record
-from tftrain.checkpoint.writer_lock import WriterLock
+from tftrain.checkpoint.layout import ModelDirLayout
+from tftrain.checkpoint.writer_lock import WriterLock, check_writer
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.loops.training_run import TrainingRun, close_all
 from tftrain.options import RunOptions, check_profile_steps
@@ -258,19 +259,28 @@ class _ModelDir:
         return self.place.worker[0]
 
     @property
+    def layout(self) -> ModelDirLayout:
+        """Every path under `model_dir`."""
+        return ModelDirLayout(self.path)
+
+    @property
     def scratch_dir(self) -> str | None:
         """A non-chief worker's own directory (its checkpoint copies), removed when the run ends."""
-        return None if self.chief else f"{self.path}/workers/{self.place.worker[1]}"
+        return None if self.chief else self.layout.worker(self.place.worker[1])
 
     def checkpointer(self, *, best: bool = False) -> checkpoint_lib.Checkpointer:
-        """The run's checkpointer (a non-chief worker's saves to its scratch directory), or the best checkpoint's."""
-        checkpoints = f"{self.path}/checkpoints"
+        """The run's checkpointer (a non-chief worker's saves to its scratch directory), or the best checkpoint's.
+
+        The chief's check, before each write, that it still holds `model_dir`'s writer lock.
+        """
+        checkpoints = self.layout.checkpoints
         if best:
-            directory, max_to_keep, restore_directory = f"{self.path}/best", 1, None
+            directory, max_to_keep, restore_directory = self.layout.best, 1, None
         elif self.chief:
             directory, max_to_keep, restore_directory = checkpoints, self.options.max_to_keep, None
         else:
-            directory, max_to_keep, restore_directory = f"{self.scratch_dir}/checkpoints", 1, checkpoints
+            scratch = ModelDirLayout(self.scratch_dir).checkpoints
+            directory, max_to_keep, restore_directory = scratch, 1, checkpoints
         return checkpoint_lib.Checkpointer(
             directory,
             lambda: checkpoint_lib.training_state(self.model, self.extra_state()),
@@ -278,6 +288,7 @@ class _ModelDir:
             restore_directory=restore_directory,
             global_step=self.global_step,
             async_write=self.options.async_checkpoint,
+            writer_check=(lambda: check_writer(self.path)) if self.chief else None,
         )
 
 
@@ -356,7 +367,7 @@ def _add_model_dir_services(
     if data_mode is not None:
         services.append(DataCheckpointService(data_mode))
     if chief and window is not None:
-        services.append(ProfilerService(summaries.ProfileWindow(f"{model_dir}/train", window)))
+        services.append(ProfilerService(summaries.ProfileWindow(where.layout.train, window)))
         if step > window[0] - 1:
             warnings.warn(
                 f"profile_steps={options.profile_steps} starts at or before step {step}, "

@@ -9,11 +9,10 @@ belong to the Trainer, made once and kept across its `fit` calls; a fit's
 from __future__ import annotations
 
 import contextlib
-import os
 
 import tensorflow as tf
 
-from tftrain import summaries
+from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.services.protocol import RunState, Service
 
 
@@ -32,7 +31,7 @@ class InStepSummaries:
 
     def __init__(self, log_dir: str, global_step: tf.Variable, every_steps: int | None):
         with tf.init_scope():
-            self.writer = tf.summary.create_file_writer(os.path.join(log_dir, summaries.TRAIN_RUN))
+            self.writer = tf.summary.create_file_writer(ModelDirLayout(log_dir).train)
             self.record_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="summary_record_at")
         self.global_step = global_step
         self.every_steps = every_steps

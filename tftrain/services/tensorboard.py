@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
+import tensorflow as tf
+
 from tftrain import summaries, timing
+from tftrain.checkpoint.files import error_line
 from tftrain.services.protocol import EveryNSteps, RunState, Service
 
 
 class SummaryService(Service):
     """Writes TensorBoard summaries: every N steps, at epoch ends, and the first call's trace time.
+
+    A write that fails (a full disk, a removed directory) is warned once and
+    ends the run's summaries; training goes on, and the checkpoint saved next
+    says whether the directory can still be written (its error stops the run).
 
     Args:
         writer: The event-file writers.
@@ -33,6 +42,22 @@ class SummaryService(Service):
         self.timer = timer
         self.optimizer = optimizer
         self._trace_written = trace_written
+        self._failed = False
+
+    def _write(self, write: Callable[[], None]) -> None:
+        """Runs one write of the writers unless one failed before; a failure is warned once."""
+        if self._failed:
+            return
+        try:
+            write()
+        except (tf.errors.OpError, OSError) as error:
+            self._failed = True
+            warnings.warn(
+                f"TensorBoard summaries cannot be written to {self.writer.log_dir} ({error_line(error)}); "
+                "this run writes no more of them. Training goes on: the next checkpoint save stops the "
+                "run if the directory cannot be written.",
+                stacklevel=2,
+            )
 
     def next_stop(self, step: int) -> int | None:
         return self.when.next_stop(step)
@@ -43,32 +68,37 @@ class SummaryService(Service):
     def after_steps(self, before: int, step: int, logs: Any) -> None:
         """Writes what is due after the training steps `before + 1` to `step`."""
         if not self._trace_written and self.timer is not None and self.timer.first_call_s is not None:
-            self.writer.on_trace(step, self.timer.first_call_s)
+            first_call_s = self.timer.first_call_s
+            self._write(lambda: self.writer.on_trace(step, first_call_s))
             self._trace_written = True
         if self.when.reached(before, step):
             rates = self.timer.take_window() if self.timer is not None else {}
-            self.writer.on_steps(
-                step, logs, learning_rate=summaries.learning_rate_of(self.optimizer), rates=rates
-            )
+            learning_rate = summaries.learning_rate_of(self.optimizer)
+            self._write(lambda: self.writer.on_steps(step, logs, learning_rate=learning_rate, rates=rates))
 
     def end_epoch(self, run: RunState, logs: dict[str, Any]) -> None:
         self.epoch_end_at(run.progress.global_step, logs)
 
     def validated(self, run: RunState, logs: dict[str, Any]) -> None:
         """Writes a validation taken at the run's step (`step_*` scalars of the validation run)."""
-        self.writer.write(
-            summaries.VALIDATION_RUN,
-            run.progress.global_step,
-            {f"step_{key}": value for key, value in summaries.scalars(logs).items()},
-        )
-        self.writer.flush()
+        values = {f"step_{key}": value for key, value in summaries.scalars(logs).items()}
+        step = run.progress.global_step
+
+        def write() -> None:
+            self.writer.write(summaries.VALIDATION_RUN, step, values)
+            self.writer.flush()
+
+        self._write(write)
 
     def epoch_end_at(self, step: int, logs: dict[str, Any]) -> None:
         """Writes an epoch's logs, learning rate and speed (since the last write) at global step `step`."""
         rates = self.timer.take_window() if self.timer is not None else {}
-        self.writer.on_epoch_end(
-            step, logs, learning_rate=summaries.learning_rate_of(self.optimizer), rates=rates
-        )
+        learning_rate = summaries.learning_rate_of(self.optimizer)
+        self._write(lambda: self.writer.on_epoch_end(step, logs, learning_rate=learning_rate, rates=rates))
 
     def close(self) -> None:
-        self.writer.close()
+        self._write(self.writer.flush)
+        try:
+            self.writer.close()
+        except (tf.errors.OpError, OSError):
+            pass  # what could not be flushed is warned above

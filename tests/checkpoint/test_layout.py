@@ -1,0 +1,114 @@
+"""The model_dir: every path built in one place, an empty one refused, one that changes under a run stops it."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+from helpers import make_mlp
+
+import tftrain
+from tftrain.checkpoint.layout import LOCK_NAME, ModelDirLayout
+from tftrain.errors import ModelDirError
+
+X = np.random.RandomState(0).rand(16, 6).astype("float32")
+Y = np.random.RandomState(1).rand(16, 3).astype("float32")
+
+
+def test_every_path_is_joined_under_the_model_dir():
+    layout = ModelDirLayout("runs/exp1")
+    assert layout.checkpoints == os.path.join("runs/exp1", "checkpoints")
+    assert layout.best == os.path.join("runs/exp1", "best")
+    assert layout.train == os.path.join("runs/exp1", "train")
+    assert layout.validation == os.path.join("runs/exp1", "validation")
+    assert layout.evaluation == os.path.join("runs/exp1", "eval")
+    assert layout.lock == os.path.join("runs/exp1", LOCK_NAME)
+    assert layout.worker("worker_1") == os.path.join("runs/exp1", "workers", "worker_1")
+    assert ModelDirLayout("runs/exp1/").checkpoints == "runs/exp1/checkpoints"  # no "//"
+
+
+@pytest.mark.parametrize("model_dir", ["", b""])
+def test_an_empty_model_dir_is_refused_when_the_trainer_is_made(model_dir):
+    # `os.environ.get("MODEL_DIR", "")` with the variable unset: the paths would be /checkpoints, ./train.
+    with pytest.raises(
+        ValueError, match=r"argument `model_dir`. Received: model_dir=''. Expected a directory"
+    ):
+        tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir=model_dir)
+
+
+def test_an_empty_model_dir_is_refused_by_the_evaluator_and_the_callbacks(tmp_path):
+    trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="Received: model_dir=''"):
+        tftrain.evaluation.evaluate_continuously(trainer, X, Y, model_dir="", timeout_s=1)
+    with pytest.raises(ValueError, match="Received: log_dir=''"):
+        tftrain.callbacks.standard_callbacks("")
+
+
+class RemoveAtEpochEnd(keras.callbacks.Callback):
+    """Runs `remove` at the end of the first epoch (the Trainer saves that epoch's checkpoint after)."""
+
+    def __init__(self, remove):
+        super().__init__()
+        self.remove = remove
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 0:
+            self.remove()
+
+
+def fit(model_dir, remove, **kwargs):
+    model = make_mlp()
+    trainer = tftrain.Trainer(model, optimizer="sgd", loss="mse", model_dir=str(model_dir), **kwargs)
+    trainer.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[RemoveAtEpochEnd(remove)])
+    return model
+
+
+@pytest.mark.parametrize("async_checkpoint", [False, True], ids=["sync", "async"])
+def test_a_model_dir_removed_while_fit_runs_stops_the_run_and_is_not_recreated(tmp_path, async_checkpoint):
+    model_dir = tmp_path / "run"
+    with pytest.raises(
+        ModelDirError, match=f"stopped writing to {model_dir}: the directory was removed"
+    ) as raised:
+        fit(model_dir, lambda: shutil.rmtree(model_dir), async_checkpoint=async_checkpoint)
+    assert "No checkpoint of this run is left: a rerun starts from the beginning" in str(raised.value)
+    assert raised.value.directory == str(model_dir) and raised.value.kept is None
+    assert not model_dir.exists()  # neither checkpoints/ nor anything else written again
+
+
+def test_a_checkpoints_directory_removed_while_fit_runs_stops_the_run(tmp_path):
+    model_dir = tmp_path / "run"
+    checkpoints = model_dir / "checkpoints"
+    with pytest.raises(ModelDirError, match=f"stopped writing to {checkpoints}: the directory was removed"):
+        fit(model_dir, lambda: shutil.rmtree(checkpoints), checkpoint_every_steps=1)
+    assert not checkpoints.exists()
+    assert not (model_dir / LOCK_NAME).exists()  # released as the run stopped
+
+
+def test_a_removed_writer_lock_stops_the_run_at_its_next_save_naming_the_last_checkpoint(tmp_path):
+    model_dir = tmp_path / "run"
+    with pytest.raises(ModelDirError, match=f"its writer lock {model_dir / LOCK_NAME} was removed") as raised:
+        fit(model_dir, lambda: os.remove(model_dir / LOCK_NAME), checkpoint_every_steps=1)
+    kept = str(model_dir / "checkpoints" / "ckpt-1")  # the step checkpoint before the epoch's end
+    assert raised.value.kept == kept
+    assert f"The last checkpoint that is safe is {kept}: a rerun on the same model_dir resumes" in str(
+        raised.value
+    )
+    assert sorted(os.listdir(model_dir / "checkpoints")) == [
+        "checkpoint",
+        "ckpt-1.data-00000-of-00001",
+        "ckpt-1.index",
+    ]
+
+
+def test_a_lock_taken_over_by_another_writer_stops_the_run_and_is_left_to_it(tmp_path):
+    model_dir = tmp_path / "run"
+    other = {"host": "elsewhere", "pid": 1234, "since": 0.0, "heartbeat": 1e12, "token": "theirs"}
+
+    def take_over():
+        (model_dir / LOCK_NAME).write_text(json.dumps(other))
+
+    with pytest.raises(ModelDirError, match="was taken over by elsewhere process 1234"):
+        fit(model_dir, take_over)
+    assert json.loads((model_dir / LOCK_NAME).read_text()) == other  # the other writer's lock stays
