@@ -170,3 +170,29 @@ def test_callbacks_reject_a_file_as_directory(tmp_path):
         callbacks_lib.TensorBoardSummaries(str(path))
     with pytest.raises(ValueError, match="max_to_keep"):
         callbacks_lib.CheckpointAndResume(str(tmp_path), max_to_keep=0)
+
+
+def test_timing_counts_a_second_fit_of_the_same_trainer_as_under_model_fit(engine):
+    # The step traced in the first fit has no Timing hook: the Timing's reset of the
+    # train function rebuilds it, as `model.fit` does.
+    x = np.random.RandomState(0).rand(24, 6).astype("float32")
+    y = np.zeros((24,), "int32")
+
+    def second_fit_steps(runner_of):
+        model = make_model()
+        model.compile(
+            keras.optimizers.SGD(0.01),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            run_eagerly=not engine.get("use_tf_function", True),
+        )
+        runner = runner_of(model)
+        runner.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        timing = tftrain.callbacks.Timing()
+        runner.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[timing])
+        return timing.report.steps, timing.report.trace_count
+
+    keras_steps, _ = second_fit_steps(lambda model: model)
+    trainer_steps, trainer_traces = second_fit_steps(lambda model: tftrain.Trainer(model, **engine))
+    assert keras_steps == trainer_steps == 12
+    if engine.get("use_tf_function", True):
+        assert trainer_traces >= 1  # the rebuilt step traced in this fit

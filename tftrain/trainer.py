@@ -215,7 +215,7 @@ class Trainer:
             self._global_step,
             stop_on_nonfinite=terminate_on_nan,
             loss_limit=self.recovery.loss_spike_threshold,
-            compiled_as=lambda: keras_internals.loss_tracker(self.model),  # `compile` makes a new one
+            model=self.model,  # its step functions reset: `compile`, a callback (`Timing`)
         )
         self.timing: timing.TimingReport | None = None
 

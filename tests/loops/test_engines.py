@@ -74,3 +74,76 @@ def test_without_a_new_compile_every_engine_is_kept():
     trainer.predict(x, batch_size=16, verbose=0)
     assert all(trainer.engines.loop(kind) is loop for kind, loop in built.items())
     assert built["train"].trace_counter.count == 1
+
+
+class StepReplacer(keras.callbacks.Callback):
+    """Wraps the model's step of one kind in `set_model` and resets its function, as `tftrain.callbacks.Timing` does."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind, self.calls = kind, 0
+
+    def set_model(self, model):
+        super().set_model(model)
+        step_name, function = {
+            "train": ("train_step", "train_function"),
+            "test": ("test_step", "test_function"),
+            "predict": ("predict_step", "predict_function"),
+        }[self.kind]
+        original = getattr(model, step_name)
+
+        def step(data):
+            self.calls += 1  # once per trace under tf.function, once per step eagerly
+            return original(data)
+
+        setattr(model, step_name, step)
+        setattr(model, function, None)
+
+
+def second_call_with_replacer(runner_of, kind, engine):
+    """A first fit/evaluate/predict, then a second one given a `StepReplacer`: how often its step ran."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+    model.compile(
+        keras.optimizers.SGD(0.1),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        run_eagerly=engine == "eager",
+    )
+    runner = runner_of(model)
+    x, y = data()
+    call = {
+        "train": lambda callbacks: runner.fit(x, y, batch_size=16, verbose=0, callbacks=callbacks),
+        "test": lambda callbacks: runner.evaluate(x, y, batch_size=16, verbose=0, callbacks=callbacks),
+        "predict": lambda callbacks: runner.predict(x, batch_size=16, verbose=0, callbacks=callbacks),
+    }[kind]
+    call(None)
+    replacer = StepReplacer(kind)
+    call([replacer])
+    return replacer.calls
+
+
+@pytest.mark.parametrize("kind", ["train", "test", "predict"])
+@pytest.mark.parametrize("engine", ["eager", "graph", "loop3"])
+def test_a_callback_that_resets_a_function_gets_the_step_rebuilt_as_under_keras(kind, engine):
+    under_keras = second_call_with_replacer(lambda model: model, kind, engine)
+    under_trainer = second_call_with_replacer(lambda model: tftrain.Trainer(model, **ENGINES[engine]), kind, engine)
+    assert under_keras >= 1  # Keras rebuilt its function around the new step
+    assert under_trainer >= 1  # and so does the Trainer: the new step runs
+    if engine == "eager":
+        assert under_trainer == under_keras == 4  # every step of the 4 batches
+
+
+def test_model_fit_after_the_trainer_builds_its_own_functions():
+    model, _ = frozen_base_model()
+    trainer = tftrain.Trainer(model)
+    x, y = data()
+    trainer.fit(x, y, batch_size=16, verbose=0)
+    trainer.evaluate(x, y, batch_size=16, verbose=0)
+    trainer.predict(x, batch_size=16, verbose=0)
+    built = trainer.engines.loops["train"]
+    history = model.fit(x, y, batch_size=16, verbose=0)  # Keras's own functions, built on first use
+    assert len(history.history["loss"]) == 1
+    assert np.isfinite(model.evaluate(x, y, batch_size=16, verbose=0))
+    assert model.predict(x, batch_size=16, verbose=0).shape == (64, 3)
+    trainer.fit(x, y, batch_size=16, verbose=0)  # Keras's function in the attribute: built again
+    assert trainer.engines.loops["train"] is not built

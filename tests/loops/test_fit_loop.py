@@ -1,5 +1,7 @@
 """The fit loop owns its call's target: a step budget after a resume is finished, or extended, as the call asks."""
 
+import logging
+
 import keras
 import numpy as np
 import pytest
@@ -112,3 +114,28 @@ def test_rerunning_a_reached_budget_keeps_the_ema_weights_it_ended_with(tmp_path
     again = ema_trainer()
     again.fit(finite(), total_steps=3, verbose=0)  # nothing to train: the weights are the finalized ones
     assert_same_weights(first, again)
+
+
+def notices(caplog):
+    return [record for record in caplog.records if "nothing to train" in record.getMessage()]
+
+
+@pytest.mark.parametrize("verbose", [0, 1])
+@pytest.mark.parametrize("target", ["epochs", "total_steps"])
+def test_a_fit_whose_target_is_reached_says_so_once_and_how_to_train_more(tmp_path, caplog, capsys, target, verbose):
+    call = {"epochs": dict(epochs=3), "total_steps": dict(total_steps=10)}[target]
+    with caplog.at_level(logging.INFO, logger="tftrain"):
+        trainer(tmp_path).fit(finite(), verbose=0, **call)
+        assert not notices(caplog)  # it trained: nothing to say
+        capsys.readouterr()
+        again = trainer(tmp_path)
+        history = again.fit(finite(), verbose=verbose, **call)
+    assert history.history == {}
+    [notice] = notices(caplog)
+    assert notice.levelno == (logging.INFO if verbose else logging.WARNING)
+    message = notice.getMessage()
+    reached = {"epochs": "(epochs=3)", "total_steps": "(total_steps=10)"}[target]
+    larger = {"epochs": "epochs > 3", "total_steps": "total_steps > 10"}[target]
+    assert str(tmp_path) in message and reached in message
+    assert larger in message and "a new `model_dir`" in message
+    assert capsys.readouterr().out.count("nothing to train") == (1 if verbose else 0)

@@ -132,6 +132,53 @@ def loss_tracker(model: keras.Model) -> Any:
     return model._loss_tracker
 
 
+_STEP_FUNCTIONS = {"train": "train_function", "eval": "test_function", "predict": "predict_function"}
+
+
+def _keras_function_on_call(kind: str) -> Any:
+    """A stand-in for `model.<kind>_function`: called (by `model.fit`, ...), it builds Keras's own and runs it."""
+    attribute = _STEP_FUNCTIONS[kind]
+    make = "make_" + attribute
+
+    def call(model: keras.Model, *args: Any, **kwargs: Any) -> Any:
+        setattr(model, attribute, None)
+        _method(model, make, "the model's own fit, evaluate and predict after the Trainer's")()
+        return getattr(model, attribute)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"built_on_call_{attribute}"
+    return call
+
+
+_STAND_INS = {kind: _keras_function_on_call(kind) for kind in _STEP_FUNCTIONS}
+
+
+def step_function_reset(model: keras.Model, kind: str) -> bool:
+    """Whether `model`'s step function of `kind` ("train", "eval", "predict") was reset since `hold_step_function`.
+
+    Keras rebuilds `model.train_function` (`test_function`,
+    `predict_function`) at the next `fit` (`evaluate`, `predict`) where it is
+    None: `compile` and `quantize` set it so, and so may a callback in
+    `set_model` (`tftrain.callbacks.Timing` does, after wrapping
+    `train_step`), or `make_train_function(force=True)` replaces it. The
+    Trainer keeps its own engine per kind instead, and puts a stand-in in the
+    attribute when it builds one: anything else there means "rebuild".
+    """
+    held = getattr(model, _STEP_FUNCTIONS[kind], None)
+    return not (isinstance(held, types.MethodType) and held.__func__ is _STAND_INS[kind])
+
+
+def hold_step_function(model: keras.Model, kind: str) -> None:
+    """Puts the stand-in in `model.<kind>_function`, so that a later reset is seen (`step_function_reset`).
+
+    The stand-in is a Keras step function as good as Keras's own: called by
+    `model.fit` (`evaluate`, `predict`, `train_on_batch`, ...) it builds
+    Keras's function with `make_train_function` (...), puts it in its place
+    and runs it. Bound to the model, so a copy of the model gets its own.
+    """
+    _method(model, "make_" + _STEP_FUNCTIONS[kind], "the model's own fit, evaluate and predict after the Trainer's")
+    setattr(model, _STEP_FUNCTIONS[kind], types.MethodType(_STAND_INS[kind], model))
+
+
 def moving_averages(optimizer: Any, variables: list[Any]) -> list[tuple[Any, Any]]:
     """Each of `variables` with the optimizer's moving average of it (`use_ema=True`), where it has one.
 

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from tftrain import distribute
+from tftrain.compat import keras_internals
 from tftrain.data import inputs
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import step_loop
@@ -45,11 +46,14 @@ class Engines:
         global_step: The run's global step, incremented before each training step.
         stop_on_nonfinite: Training calls stop at a non-finite loss.
         loss_limit: Training calls also stop at a loss above this (a spike), or None.
-        compiled_as: Returns an object that each `model.compile` replaces
-            (None for a model never compiled). When it changes, the built
-            engines are dropped and built again on next use, as Keras's
-            `compile` resets the model's train, test and predict functions
-            (so a layer unfrozen and compiled again trains).
+        model: The model whose `train_function`, `test_function` and
+            `predict_function` the engines stand for. Where one was reset
+            since its engine was built (`compile` and `quantize` set them to
+            None, and so may a callback's `set_model`:
+            `keras_internals.step_function_reset`), that engine is dropped
+            and built again on next use, as Keras rebuilds a function it
+            finds None: a layer unfrozen and compiled again trains, and
+            `tftrain.callbacks.Timing` counts every `fit`. None: never rebuilt.
     """
 
     def __init__(
@@ -61,11 +65,10 @@ class Engines:
         *,
         stop_on_nonfinite: bool,
         loss_limit: float | None = None,
-        compiled_as: Callable[[], Any] = lambda: None,
+        model: keras.Model | None = None,
     ):
         self.step_of = step_of
-        self._compiled_as = compiled_as
-        self._built_for: Any = None  # what `compiled_as` returned when the engines in `loops` were built
+        self.model = model
         self.options = options
         self.strategy = strategy
         self.global_step = global_step
@@ -77,7 +80,10 @@ class Engines:
         self._in_step_summaries: InStepSummaries | None = None
 
     def loop(self, kind: str, *, stop_on_nonfinite: bool = True) -> step_loop.StepLoop:
-        """The engine of `kind`, built on first use.
+        """The engine of `kind`, built on first use, and again after the model's function of `kind` was reset.
+
+        Asked for after a pass's callbacks are set (`set_model`), as Keras
+        calls `make_train_function`, so that a reset there is seen.
 
         `stop_on_nonfinite=False` asks for a training engine whose calls run
         all their steps past a non-finite loss, flagging it
@@ -87,11 +93,10 @@ class Engines:
         training calls never stop (`terminate_on_nan=False`), it is the
         training engine itself.
         """
-        compiled_as = self._compiled_as()
-        if compiled_as is not self._built_for:
-            self.loops.clear()
-            self._past_nonfinite = None
-            self._built_for = compiled_as
+        if kind in self.loops and self.model is not None and keras_internals.step_function_reset(self.model, kind):
+            del self.loops[kind]
+            if kind == "train":
+                self._past_nonfinite = None
         if kind not in self.loops:
             step, autograph = self.step_of(kind)
             self.loops[kind] = step_loop.make_loop(
@@ -105,6 +110,8 @@ class Engines:
                 loss_limit=self.loss_limit if kind == "train" else None,
                 autograph=autograph,
             )
+            if self.model is not None:
+                keras_internals.hold_step_function(self.model, kind)
         if stop_on_nonfinite or kind != "train" or not self.stop_on_nonfinite:
             return self.loops[kind]
         if self._past_nonfinite is None:

@@ -11,6 +11,7 @@ every callback hook, its order and its logs.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -41,13 +42,23 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     callbacks_decide_nan = owner.run_options.terminate_on_nan and hooks.terminates_on_nan(call.callbacks)
     if callbacks_decide_nan:
         _check_recovery_without_terminate_on_nan(owner)
+    callback_list = keras.callbacks.CallbackList(
+        call.callbacks,
+        add_history=True,
+        add_progbar=call.verbose != 0,
+        verbose=call.verbose,
+        epochs=call.epochs,
+        steps=call.plan.steps,
+        model=model,
+    )
+    # After the callbacks' `set_model`, as `fit` makes its train function: a reset there rebuilds the step.
     train_loop = engines.loop("train", stop_on_nonfinite=not callbacks_decide_nan)
     timer = timing.StepTimer()
     measured = timer if owner.measure_timing else None
     step_history: dict[str, list[Any]] = {}
     engine_name = None
 
-    def validate() -> dict[str, Any]:  # a validation every N steps; `callback_list` is made below
+    def validate() -> dict[str, Any]:  # a validation every N steps
         return inference.validate_mid_epoch(owner, call.validation.plan, callback_list)
 
     run = run_setup.start_run(
@@ -73,15 +84,10 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     )
     try:
         epochs = _target_epochs(call, run)
-        callback_list = keras.callbacks.CallbackList(
-            call.callbacks,
-            add_history=True,
-            add_progbar=call.verbose != 0,
-            verbose=call.verbose,
-            epochs=epochs,
-            steps=call.plan.steps,
-            model=model,
-        )
+        if epochs != call.epochs:  # a resumed step budget: the epochs that reach it from here
+            callback_list.set_params({**callback_list.params, "epochs": epochs})
+        if run.resumed and run.progress.epoch >= epochs:
+            _report_target_reached(call, run, owner.run_options.model_dir)
         model.history.step_history = step_history
         model.stop_training = False
         training_logs = None
@@ -169,6 +175,29 @@ def _check_recovery_without_terminate_on_nan(owner: StepOwner) -> None:
             "Expected one policy for a loss blow-up: remove the callback (the Trainer's policy decides), "
             "or pass on_nonfinite='stop' and loss_spike_threshold=None (the callback decides)."
         )
+
+
+def _report_target_reached(call: FitCall, run: TrainingRun, model_dir: str | None) -> None:
+    """Says once that a resumed run has nothing to train for this call, and how to train more.
+
+    Printed as progress output and logged (`tftrain` logger, INFO); with
+    `verbose=0` only logged, as a WARNING.
+    """
+    progress = run.progress
+    if call.total_steps is not None:
+        target, larger = f"total_steps={call.total_steps}", f"total_steps > {progress.global_step}"
+    else:
+        target, larger = f"epochs={call.epochs}", f"epochs > {progress.epoch}"
+    message = (
+        f"tftrain: nothing to train: the run in {model_dir} resumed at step {progress.global_step} "
+        f"({progress.epoch} epochs done), which already reaches this call's target ({target}). "
+        f"To train it further, pass a larger target ({larger}); to start a new run, pass a new `model_dir`."
+    )
+    verbose = check_verbose(call.verbose)
+    if verbose:
+        run_setup.report_resume(message, verbose)
+    else:
+        logging.getLogger("tftrain").warning(message)
 
 
 def _target_epochs(call: FitCall, run: TrainingRun) -> int:
