@@ -538,3 +538,36 @@ def test_a_subclass_state_is_tracked_at_assignment_or_declared():
             return {"critic": self.critic_optimizer}
 
     assert Declared(make_mlp()).checkpoint_state().keys() == {"critic"}
+
+
+@pytest.mark.parametrize(
+    "kwargs, received, expected",
+    [
+        (dict(rollback_lr_factor=0.5), "rollback_lr_factor=0.5 with on_nonfinite='stop'", "on_nonfinite='rollback'"),
+        (dict(max_rollbacks=5), "max_rollbacks=5 with on_nonfinite='stop'", "on_nonfinite='rollback'"),
+        (dict(count_flops=True, use_tf_function=False), "count_flops=True with use_tf_function=False", "use_tf_function=True"),
+        (dict(peak_flops=1e12), "peak_flops=1000000000000.0 with count_flops=False", "count_flops=True"),
+        (dict(max_to_keep=2), "max_to_keep=2 with model_dir=None", "a `model_dir`"),
+        (dict(preemption_signals=("SIGUSR1",)), "preemption_signals=(10,) with model_dir=None", "a `model_dir`"),
+        (dict(best_checkpoint_mode="min", model_dir="DIR"), "best_checkpoint_mode='min' with best_checkpoint_monitor=None", "a `best_checkpoint_monitor`"),
+        (dict(checkpoint_every_steps=5), "checkpoint_every_steps=5 with model_dir=None", "a `model_dir`"),
+        (dict(resume_from="elsewhere"), "resume_from='elsewhere' with model_dir=None", "a `model_dir`"),
+    ],
+)
+def test_an_option_that_cannot_act_with_the_others_is_refused_when_the_trainer_is_made(
+    tmp_path, kwargs, received, expected
+):
+    kwargs = {key: str(tmp_path / value) if key == "model_dir" else value for key, value in kwargs.items()}
+    with pytest.raises(ValueError, match="Invalid combination of arguments") as info:
+        Trainer(make_mlp(), "sgd", "mse", **kwargs)
+    assert received in str(info.value) and f"Expected {expected}" in str(info.value)
+
+
+def test_the_options_that_act_together_are_taken(tmp_path):
+    Trainer(make_mlp(), "sgd", "mse", preemption_signals=())  # none: nothing to install
+    Trainer(make_mlp(), "sgd", "mse", max_to_keep=5, preemption_signals=("SIGTERM",))  # the defaults
+    Trainer(
+        make_mlp(), "sgd", "mse", model_dir=str(tmp_path), on_nonfinite="rollback", max_rollbacks=5,
+        rollback_lr_factor=0.5, max_to_keep=2, preemption_signals=("SIGUSR1",),
+        best_checkpoint_monitor="loss", best_checkpoint_mode="min", count_flops=True, peak_flops=1e12,
+    )  # fmt: skip

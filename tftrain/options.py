@@ -25,9 +25,11 @@ __all__ = [
     "EngineOptions",
     "RunOptions",
     "check_directory_path",
+    "check_engine_options",
     "check_every_steps",
     "check_int",
     "check_jit_compile",
+    "check_left_at_default",
     "check_peak_flops",
     "check_lr_sweep",
     "check_path_not_empty",
@@ -395,7 +397,7 @@ class RunOptions:
             finishes the job.
         checkpoint_every_steps: Also save every this many training steps
             (None: only at epoch ends). Needs `model_dir`.
-        max_to_keep: Checkpoints kept in `model_dir`.
+        max_to_keep: Checkpoints kept in `model_dir` (another value than 5 needs `model_dir`).
         summary_every_steps: Also write training summaries every this many
             steps (None: only at epoch ends). Needs `model_dir`.
         profile_steps: `(start, stop)`: run the TensorFlow profiler over these
@@ -417,13 +419,14 @@ class RunOptions:
             any worker stops them all at one agreed step (one host call
             later), each saving (see docs/distribution.md). `()` keeps the
             process's default handlers (SIGTERM then kills it). Installed
-            only while `fit` runs.
+            only while `fit` runs. Signals other than the default need `model_dir`.
         best_checkpoint_monitor: With `model_dir`: also keep the checkpoint of
             the best epoch by this log (e.g. `"val_loss"`) in `model_dir/best`,
             apart from the rotating ones (load it with
             `tftrain.checkpoint.restore_model`).
         best_checkpoint_mode: `"min"`, `"max"` or `"auto"` (max for
-            accuracy-like names).
+            accuracy-like names); another than `"auto"` needs
+            `best_checkpoint_monitor`.
         resume_from: With `model_dir`: a checkpoint (path prefix such as
             `"run1/checkpoints/ckpt-3000"`, or a directory: its latest) to
             continue from when `model_dir` holds no checkpoint yet: weights,
@@ -449,7 +452,8 @@ class RunOptions:
             model's compute dtype) and multiplies by the strategy's replicas.
 
     Raises:
-        TypeError, ValueError: a bad value, or an option that needs `model_dir` without it.
+        TypeError, ValueError: a bad value, or an option that needs `model_dir`
+            (or `best_checkpoint_monitor`) without it.
     """
 
     model_dir: str | None = None
@@ -489,6 +493,13 @@ class RunOptions:
                 "Invalid value for argument `best_checkpoint_mode`. Received: best_checkpoint_mode="
                 f"{self.best_checkpoint_mode!r}. Expected 'auto', 'min' or 'max'."
             )
+        if monitor is None:
+            check_left_at_default(
+                self,
+                ("best_checkpoint_mode",),
+                received="best_checkpoint_monitor=None",
+                expected="a `best_checkpoint_monitor`",
+            )
         if not isinstance(self.async_checkpoint, bool):
             raise TypeError(
                 "Invalid value for argument `async_checkpoint`. Received: "
@@ -515,6 +526,9 @@ class RunOptions:
                         "model_dir=None. Expected a `model_dir` to write checkpoints, summaries and "
                         "profiles to."
                     )
+            check_left_at_default(
+                self, ("max_to_keep", "preemption_signals"), received="model_dir=None", expected="a `model_dir`"
+            )
         else:
             directory = check_directory_path(self.model_dir, "model_dir")
             object.__setattr__(self, "model_dir", directory)
@@ -526,6 +540,42 @@ class RunOptions:
                     "checkpoints."
                 )
             object.__setattr__(self, "resume_from", os.fspath(self.resume_from))
+
+
+def check_left_at_default(options: Any, names: tuple[str, ...], *, received: str, expected: str) -> None:
+    """Refuses an option that cannot act: one of `names` (fields of the dataclass `options`) not at its default.
+
+    Args:
+        options: A dataclass instance.
+        names: Its fields that act only with `expected`. An empty tuple counts as the default (none).
+        received: What makes them unable to act, e.g. `"model_dir=None"`.
+        expected: What they need, e.g. `"a `model_dir`"`.
+
+    Raises:
+        ValueError: one of them is set to another value.
+    """
+    defaults = {field.name: field.default for field in dataclasses.fields(options)}
+    for name in names:
+        value, default = getattr(options, name), defaults[name]
+        if value != default and value != ():
+            raise ValueError(
+                f"Invalid combination of arguments. Received: {name}={value!r} with {received}. "
+                f"Expected {expected} for it to act on, or {name} left at its default ({default!r})."
+            )
+
+
+def check_engine_options(run: RunOptions, engine: EngineOptions) -> None:
+    """Checks the run options against the engine: `count_flops` needs a traced step (`use_tf_function=True`).
+
+    Raises:
+        ValueError: `count_flops=True` with the eager engine.
+    """
+    if run.count_flops and not engine.use_tf_function:
+        raise ValueError(
+            "Invalid combination of arguments. Received: count_flops=True with use_tf_function=False. "
+            "Expected use_tf_function=True: FLOPs are counted on the traced step's graph, and the eager "
+            "engine traces none (the math is the same under both), or count_flops=False."
+        )
 
 
 def _check_signals(value: Any) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from tftrain.engine import model_setup
 from tftrain.loops import fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
-from tftrain.options import EngineOptions, RunOptions
+from tftrain.options import EngineOptions, RunOptions, check_engine_options
 from tftrain.services.loss_recovery import RecoveryPolicy, keep_every_steps_for
 from tftrain.services.protocol import Service, check_services
 
@@ -75,7 +75,8 @@ class Trainer:
             (`trainer.timing.engine`, filled either way, names the engine
             that ran, every `"auto"` resolved: e.g. `"xla+loop4"`).
         count_flops: Count one training step's FLOPs on its traced graph after
-            each `fit` (nothing retraced, nothing changed while training):
+            each `fit` (nothing retraced, nothing changed while training;
+            needs `use_tf_function=True`):
             `trainer.timing` reports `flops_per_step`, `flops_per_sec` and the
             `utilization` where the devices' peak is known (docs/beyond_fit.md).
         peak_flops: With `count_flops`: the peak FLOP/s of all the devices the
@@ -123,7 +124,10 @@ class Trainer:
 
     Raises:
         TypeError: `model` is not a `keras.Model`, or an option has the wrong type.
-        ValueError: an option has a bad value, or `model_dir` is a file or not writable.
+        ValueError: an option has a bad value, cannot act with the others
+            given (e.g. `rollback_lr_factor` with `on_nonfinite="stop"`,
+            `count_flops` with `use_tf_function=False`, `max_to_keep` without
+            `model_dir`), or `model_dir` is a file or not writable.
     """
 
     def __init__(
@@ -180,6 +184,7 @@ class Trainer:
             resume_from=resume_from, async_checkpoint=async_checkpoint,
             count_flops=count_flops, peak_flops=peak_flops,
         )  # fmt: skip
+        check_engine_options(self.run_options, self.options)
         self.recovery = RecoveryPolicy(
             on_nonfinite=on_nonfinite,
             loss_spike_threshold=loss_spike_threshold,

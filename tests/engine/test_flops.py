@@ -159,11 +159,10 @@ def test_peak_flops_needs_count_flops_and_count_flops_a_bool():
     assert RunOptions(count_flops=True, peak_flops=np.float32(2e12)).peak_flops == np.float32(2e12)
 
 
-def test_eager_engine_has_no_count_and_says_why():
-    trainer = make_trainer(count_flops=True, use_tf_function=False)
-    with pytest.warns(UserWarning, match="eager engine"):
-        trainer.fit(*data(32), batch_size=BATCH, verbose=0)
-    assert trainer.timing.flops_per_step is None and trainer.timing.flops_per_sec is None
+def test_the_eager_engine_is_refused_when_the_trainer_is_made():
+    # It traces no graph to count: refused at once, not a warning after the whole fit.
+    with pytest.raises(ValueError, match=r"count_flops=True with use_tf_function=False\. Expected use_tf_function=True"):
+        make_trainer(count_flops=True, use_tf_function=False)
 
 
 def test_an_unknown_batch_size_is_none_with_the_reason():

@@ -164,7 +164,6 @@ def report_with_flops(
     model: keras.Model,
     strategy: tf.distribute.Strategy,
     per_replica_batch: int | None,
-    eager: bool,
     peak_flops: float | None,
 ) -> timing.TimingReport:
     """`report` with its FLOP fields filled (`TimingReport.with_flops`); warns where a figure is unknown.
@@ -175,14 +174,10 @@ def report_with_flops(
         model: The model (its `compute_dtype` picks the table's peak).
         strategy: The run's strategy.
         per_replica_batch: See `per_replica_batch_size`.
-        eager: The step ran eagerly (`use_tf_function=False`): no graph to count.
         peak_flops: The user's peak FLOP/s of all devices, or None for the table's.
     """
-    if eager:
-        count = FlopCount(None, "the eager engine (use_tf_function=False) traces no graph to count")
-    else:
-        workers = max(1, strategy.num_replicas_in_sync // _local_replicas(strategy))
-        count = step_flops(trace_counter, per_replica_batch, workers)
+    workers = max(1, strategy.num_replicas_in_sync // _local_replicas(strategy))
+    count = step_flops(trace_counter, per_replica_batch, workers)
     if count.flops is None:
         warnings.warn(f"`count_flops=True`, but FLOPs per step are unknown: {count.reason}.", stacklevel=2)
     if peak_flops is None:

@@ -120,7 +120,6 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             model=model,
             strategy=engines.strategy,
             per_replica_batch=batch,
-            eager=not engines.options.use_tf_function,
             peak_flops=owner.run_options.peak_flops,
         )
     if call.verbose != 0 and owner.measure_timing:

@@ -37,7 +37,7 @@ import numpy as np
 from tftrain import summaries
 from tftrain.engine import graph_loops
 from tftrain.errors import NonFiniteLossError
-from tftrain.options import EngineOptions, check_int
+from tftrain.options import EngineOptions, check_int, check_left_at_default
 from tftrain.services.protocol import EveryNSteps, RunState, Service
 
 __all__ = ["AUTO_KEEP_EVERY_STEPS", "LossRecovery", "RecoveryPolicy", "keep_every_steps_for"]
@@ -79,7 +79,9 @@ class RecoveryPolicy:
             `Trainer` derives it from `steps_per_loop` (`keep_every_steps_for`).
 
     Raises:
-        ValueError, TypeError: a bad value, or a combination that cannot work.
+        ValueError, TypeError: a bad value, or a combination that cannot work
+            (`max_rollbacks` or `rollback_lr_factor` other than the default
+            with `"stop"`).
     """
 
     on_nonfinite: str = "stop"
@@ -115,6 +117,13 @@ class RecoveryPolicy:
                 "multiplied by it after each rollback (1.0 leaves it)."
             )
         check_int("keep_every_steps", self.keep_every_steps)
+        if not self.rollback:
+            check_left_at_default(
+                self,
+                ("max_rollbacks", "rollback_lr_factor"),
+                received=f"on_nonfinite={self.on_nonfinite!r}",
+                expected="on_nonfinite='rollback' (they act at each rollback)",
+            )
 
     @property
     def rollback(self) -> bool:
