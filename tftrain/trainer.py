@@ -330,6 +330,7 @@ class Trainer:
                 step = keras_internals.autograph_converted(step)
             return step(batch)
 
+        model_step.__qualname__ = f"{type(self.model).__name__}.{name}"  # in errors and trace warnings
         return model_step, False
 
     def uses_model_step(self, kind: str) -> bool:

@@ -12,6 +12,7 @@ from helpers import make_mlp
 
 import tftrain
 from tftrain.services import EveryNSteps, Service
+from tftrain.services.protocol import json_ready_state
 
 
 def test_every_n_steps_next_stop_and_reached():
@@ -164,3 +165,77 @@ def test_a_service_that_fails_to_close_leaves_no_handler_nor_lock_behind(tmp_pat
         trainer.fit(regression(), epochs=1, verbose=0)
     assert signal.getsignal(signal.SIGTERM) is before  # the preemption service closed after it
     assert not os.path.exists(tmp_path / "writer.lock")  # and the writer lock
+
+
+class MeanLoss(Service):
+    """Keeps a running mean of the loss as NumPy computes it: a NumPy scalar and an array in its state."""
+
+    name = "mean_loss"
+
+    def __init__(self, state=None):
+        self.total, self.count, self.seen = np.float32(0.0), np.int64(0), np.zeros(2, "float32")
+        self.restored = None
+        self.bad = state
+
+    def end_epoch(self, run, logs):
+        self.total += np.float32(logs["loss"])
+        self.count += 1
+        self.seen = self.seen + 1
+
+    def state_dict(self):
+        state = {"total": self.total, "count": self.count, "seen": self.seen, "pair": (self.count, "x")}
+        if self.bad is not None:
+            state["extra"] = self.bad
+        return state
+
+    def load_state_dict(self, state):
+        self.restored = state
+
+
+def test_a_state_with_numpy_scalars_and_arrays_is_saved_as_python_numbers_and_lists(tmp_path):
+    service = MeanLoss()
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[service])
+    trainer.fit(regression(), epochs=1, verbose=0)  # saved at the epoch's end
+    resumed = MeanLoss()
+    tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[resumed]).fit(
+        regression(), epochs=1, verbose=0
+    )
+    assert resumed.restored == {"total": float(service.total), "count": 1, "seen": [1.0, 1.0], "pair": [1, "x"]}
+    assert type(resumed.restored["total"]) is float and type(resumed.restored["count"]) is int
+
+
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"a": {1, 2}}, r"state\['extra'\]\['a'\] is of type set"),
+        ([1, tf.constant(2.0)], r"state\['extra'\]\[1\] is of type EagerTensor"),
+        ({3: "x"}, r"state\['extra'\] has the key 3, of type int"),
+    ],
+)
+def test_a_state_json_cannot_hold_is_refused_when_the_service_is_registered(tmp_path, bad, where):
+    with pytest.raises(TypeError, match=rf"Invalid state of the service 'mean_loss'.*Received: {where}\. Expected"):
+        tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[MeanLoss(bad)])
+
+
+class LateBadState(MeanLoss):
+    """A state JSON cannot hold only once training ran."""
+
+    def state_dict(self):
+        state = super().state_dict()
+        if self.count:
+            state["since"] = object()
+        return state
+
+
+def test_a_state_that_turns_bad_during_the_run_is_named_at_the_save(tmp_path):
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[LateBadState()])
+    with pytest.raises(TypeError, match=r"service 'mean_loss'.*Received: state\['since'\] is of type object"):
+        trainer.fit(regression(), epochs=1, verbose=0)
+
+
+def test_json_ready_state_converts_numpy_and_tuples_and_keeps_the_rest():
+    state = {"a": np.float32(0.5), "b": [np.int32(2), (np.bool_(True), None)], "c": np.arange(4).reshape(2, 2)}
+    converted = json_ready_state("s", state)
+    assert converted == {"a": 0.5, "b": [2, [True, None]], "c": [[0, 1], [2, 3]]}
+    assert json.loads(json.dumps(converted)) == converted
+    assert json_ready_state("s", None) is None

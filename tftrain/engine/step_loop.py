@@ -22,7 +22,7 @@ import tensorflow as tf
 from tftrain import timing
 from tftrain.compat import keras_internals
 from tftrain.data import inputs
-from tftrain.engine import graph_loops
+from tftrain.engine import graph_loops, step_outputs
 from tftrain.engine.calls import LoopResult, PendingCall, block_until_ready
 from tftrain.options import EngineOptions
 
@@ -423,7 +423,7 @@ def make_loop(
     """Builds the engine for one step function.
 
     Args:
-        step_fn: `batch -> dict of logs`, written for one replica.
+        step_fn: `batch -> dict of logs` (with `collect`: `batch -> predictions`), written for one replica.
         options: The engine.
         strategy: Runs the step on each replica (`strategy.run`) and averages
             per-replica outputs. None means the current strategy.
@@ -450,13 +450,17 @@ def make_loop(
 
     Raises:
         ValueError: XLA was asked for under a strategy over several CPU devices.
+        TypeError: (when the step traces, or at its first eager call) the
+            step returns something else than a dict of logs, or, with
+            `collect`, None among its predictions (`tftrain.engine.step_outputs`).
     """
     strategy = strategy or tf.distribute.get_strategy()
     counter = timing.TraceCounter(name)
     in_graph = options.in_graph_loop
+    label = step_outputs.step_label(step_fn, name)
     if autograph and options.use_tf_function:
         step_fn = keras_internals.autograph_converted(step_fn)
-    step_fn = _keras_batch(step_fn)
+    step_fn = step_outputs.returns_checked(_keras_batch(step_fn), label, predictions=collect)
 
     # Without a strategy, `strategy.run` only adds host work (autograph
     # conversion, replica-context push/pop), which is felt in eager mode.

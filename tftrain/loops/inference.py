@@ -168,16 +168,27 @@ def run_prediction(owner: StepOwner, plan: EpochPlan, callback_list: keras.callb
 
 
 def _join_predictions(chunks: list[Any], *, to_numpy: bool) -> Any:
-    """Per-call prediction chunks -> one structure, joined along the example axis as Keras's predict does."""
-    if len(chunks) == 1:
-        joined = chunks[0]
-    else:
-        joined = tf.nest.map_structure(
-            lambda *parts: keras_internals.concat_batches(list(parts)), chunks[0], *chunks[1:]
-        )
+    """Per-call prediction chunks -> one structure, joined along the example axis as Keras's predict does.
+
+    With `to_numpy`: writable NumPy arrays, as `predict` returns (ragged or
+    sparse tensors stay tensors). Dense chunks are joined by NumPy, whose
+    copy is the result; one chunk is copied once (a view of TensorFlow's
+    buffer is read-only).
+    """
     if not to_numpy:
-        return joined
-    return tf.nest.map_structure(
-        lambda value: value if isinstance(value, tf.RaggedTensor | tf.SparseTensor) else np.asarray(value),
-        joined,
-    )
+        if len(chunks) == 1:
+            return chunks[0]
+        return tf.nest.map_structure(lambda *parts: keras_internals.concat_batches(list(parts)), *chunks)
+    return tf.nest.map_structure(lambda *parts: _joined_array(list(parts)), *chunks)
+
+
+def _joined_array(parts: list[Any]) -> Any:
+    """One output's chunks -> a writable NumPy array (Keras's ragged join where their shapes differ)."""
+    if all(isinstance(part, tf.Tensor) for part in parts):
+        if len(parts) == 1:
+            return parts[0].numpy()  # a copy: the only one
+        if len({tuple(part.shape[1:]) for part in parts}) == 1:
+            arrays = [np.asarray(part) for part in parts]  # views: NumPy's join makes the one copy
+            return np.stack(arrays) if arrays[0].ndim == 0 else np.concatenate(arrays)
+    joined = keras_internals.concat_batches(parts)
+    return joined.numpy() if isinstance(joined, tf.Tensor) else joined

@@ -17,7 +17,7 @@ from tftrain import checkpoint as checkpoint_lib
 from tftrain.checkpoint.memory_snapshot import KeptState, Rollback, StateSnapshot
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import calls
-from tftrain.services.protocol import Service
+from tftrain.services.protocol import Service, json_ready_state
 from tftrain.services.timing_state import TimingService
 
 __all__ = ["TrainingRun", "close_all"]
@@ -155,8 +155,12 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         return {key: float("nan") for key in logs}
 
     def service_states(self) -> dict[str, Any]:
-        """Every service's state, by name (saved with a checkpoint)."""
-        states = {service.name: service.state_dict() for service in self.services}
+        """Every service's state, by name (saved with a checkpoint), JSON-ready (`json_ready_state`).
+
+        Raises:
+            TypeError: a state holds a value JSON cannot save (named with its service and key path).
+        """
+        states = {service.name: json_ready_state(service.name, service.state_dict()) for service in self.services}
         return {name: state for name, state in states.items() if state is not None}
 
     def steps_allowed(self, wanted: int) -> int:

@@ -16,7 +16,9 @@ else; `Trainer(services=[...])` adds a user's own, and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+import numpy as np
 
 from tftrain.options import check_int
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from tftrain.checkpoint.memory_snapshot import Rollback
     from tftrain.engine.calls import LoopResult
 
-__all__ = ["EveryNSteps", "RunState", "Service", "check_services"]
+__all__ = ["EveryNSteps", "RunState", "Service", "check_services", "json_ready_state"]
 
 
 class RunState(Protocol):
@@ -168,7 +170,11 @@ class Service:
         """Runs after a validation every N steps, with its logs (no `val_` prefix)."""
 
     def state_dict(self) -> dict[str, Any] | None:
-        """JSON-serializable state saved with each checkpoint, or None."""
+        """JSON-serializable state saved with each checkpoint, or None.
+
+        NumPy scalars and arrays in it are saved as Python numbers and lists
+        (`json_ready_state`), and come back as such in `load_state_dict`.
+        """
         return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -201,8 +207,58 @@ class EveryNSteps:
         return step // self.every_steps > before // self.every_steps
 
 
+def json_ready_state(name: str, state: Any) -> Any:
+    """A service's state as a checkpoint saves it (JSON): NumPy scalars and arrays converted, the rest checked.
+
+    NumPy scalars become Python numbers (`.item()`) and arrays nested lists
+    (`.tolist()`); tuples become lists, as JSON keeps them. Everything else
+    must already be JSON-ready: dicts with string keys, lists, strings,
+    numbers, booleans and None.
+
+    Args:
+        name: The service's name, for the error.
+        state: What its `state_dict()` returned.
+
+    Returns:
+        The state, converted (a new structure where anything was converted).
+
+    Raises:
+        TypeError: a value or key is not JSON-ready; the error names the
+            service, the value's key path and its type.
+    """
+    return _json_ready(name, state, "state")
+
+
+def _json_ready(name: str, value: Any, path: str) -> Any:
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, np.generic | np.ndarray):
+        return _json_ready(name, value.item() if isinstance(value, np.generic) else value.tolist(), path)
+    if isinstance(value, list | tuple):
+        return [_json_ready(name, item, f"{path}[{index}]") for index, item in enumerate(value)]
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                _refuse(name, f"{path} has the key {key!r}, of type {type(key).__name__}")
+        return {key: _json_ready(name, item, f"{path}[{key!r}]") for key, item in value.items()}
+    _refuse(name, f"{path} is of type {type(value).__name__}")
+
+
+def _refuse(name: str, what: str) -> NoReturn:
+    raise TypeError(
+        f"Invalid state of the service {name!r}: its `state_dict()` cannot be saved with a checkpoint "
+        f"(JSON). Received: {what}. Expected dicts with string keys, lists, strings, numbers, booleans and "
+        "None (NumPy scalars and arrays are converted to Python numbers and lists); convert other values "
+        "yourself, e.g. a tensor with `.numpy()`."
+    )
+
+
 def check_services(services: Any, reserved: frozenset[str] = frozenset()) -> tuple[Service, ...]:
-    """`Trainer(services=...)` as a tuple of `Service` instances with distinct names, none of them `reserved`."""
+    """`Trainer(services=...)` as a tuple of `Service` instances with distinct names, none of them `reserved`.
+
+    Each service's state, as it is now, is checked JSON-ready (`json_ready_state`);
+    a `state_dict()` that fails before a run starts is checked at the run's first save.
+    """
     services = tuple(services or ())
     for service in services:
         if not isinstance(service, Service):
@@ -223,4 +279,10 @@ def check_services(services: Any, reserved: frozenset[str] = frozenset()) -> tup
             f"Invalid value for argument `services`. Received: services named {names}. Expected distinct "
             "`name`s: each names the service's state in a checkpoint."
         )
+    for service in services:
+        try:
+            state = service.state_dict()
+        except Exception:  # a state that exists only once a run starts: checked at the run's first save
+            continue
+        json_ready_state(service.name, state)
     return services
