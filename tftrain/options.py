@@ -549,7 +549,7 @@ def check_left_at_default(options: Any, names: tuple[str, ...], *, received: str
         options: A dataclass instance.
         names: Its fields that act only with `expected`. An empty tuple counts as the default (none).
         received: What makes them unable to act, e.g. `"model_dir=None"`.
-        expected: What they need, e.g. `"a `model_dir`"`.
+        expected: What they need, e.g. ``"a `model_dir`"``.
 
     Raises:
         ValueError: one of them is set to another value.

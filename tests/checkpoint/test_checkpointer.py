@@ -730,7 +730,7 @@ def test_an_error_preparing_the_data_is_not_taken_for_a_damaged_checkpoint(tmp_p
     saver.save(Progress(global_step=1), number=1)
     saver.save(Progress(global_step=2), number=2)
 
-    def prepare(states, progress):
+    def prepare(validated):
         raise RuntimeError("the input pipeline failed")
 
     with pytest.raises(RuntimeError, match="the input pipeline failed"):

@@ -22,7 +22,6 @@ def _record(optimizer=None, *, model=None, batch_size=8, examples=64, settings=N
         model=model,
         dataset=data.dataset,
         adapter=data.adapter,
-        steps=None,
         replicas=1,
         settings=settings or {"ema_decay": None, "epochs": 3},
     )

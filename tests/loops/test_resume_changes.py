@@ -154,3 +154,58 @@ def test_the_record_is_written_for_a_new_run(tmp_path):
     assert written["record"]["data.global_batch_size"] == 8
     assert written["record"]["epochs"] == 1
     assert os.path.exists(tmp_path / "checkpoints")
+
+
+class _Counter(tftrain.services.Service):
+    name = "counter"
+
+    def state_dict(self):
+        return {"calls": 1}
+
+
+def test_a_saved_service_state_no_service_takes_is_warned_by_name(tmp_path):
+    x, y = _data()
+    _trainer(tmp_path, keras.optimizers.SGD(0.1), services=[_Counter()]).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    with pytest.warns(UserWarning, match=r"services this run does not have: \['counter'\]"):
+        _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(x, y, batch_size=8, epochs=2, verbose=0)
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Recording(tftrain.Trainer):
+    """Trains eagerly and records the examples of each batch (x[:, 0] holds the example's index); can fail at a step."""
+
+    def __init__(self, *args, fail_at=None, **kwargs):
+        super().__init__(*args, use_tf_function=False, **kwargs)
+        self.seen, self.fail_at = [], fail_at
+
+    def train_step(self, batch):
+        x, y = batch
+        if self.fail_at is not None and int(self.global_step) == self.fail_at:
+            raise _Stop()
+        self.seen.append(x[:, 0].numpy().astype(int).tolist())
+        return self.model.train_step(batch)
+
+
+def test_a_shuffled_array_epoch_resumes_in_its_own_order_without_a_seed(tmp_path):
+    tf.random.set_seed(None)  # no global seed: each pass draws its order at random
+    x = np.arange(64, dtype="float32")[:, None].repeat(4, axis=1)
+    y = np.zeros((64, 1), "float32")
+
+    def trainer(**kwargs):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        return _Recording(model, keras.optimizers.SGD(0.0), "mse", model_dir=str(tmp_path),
+                          checkpoint_every_steps=3, **kwargs)  # fmt: skip
+
+    first = trainer(fail_at=6)
+    with pytest.raises(_Stop):
+        first.fit(x, y, batch_size=8, epochs=2, shuffle=True, verbose=0)  # dies in step 6; checkpoint at 3
+    assert len(first.seen) == 5
+    resumed = trainer()
+    resumed.fit(x, y, batch_size=8, epochs=2, shuffle=True, verbose=0)
+    epoch_1 = first.seen[:3] + resumed.seen[:5]
+    assert sorted(sum(epoch_1, [])) == list(range(64))  # every example once: none skipped, none twice
+    assert resumed.seen[:2] == first.seen[3:5]  # the steps after the checkpoint read the same batches again
+    assert sorted(sum(resumed.seen[5:], [])) == list(range(64))  # the next epoch: a whole pass

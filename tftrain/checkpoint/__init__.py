@@ -20,10 +20,10 @@ only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
   and compared at every resume (changes taken, or refused).
 """
 
-from tftrain.checkpoint.checkpointer import Checkpointer
+from tftrain.checkpoint.checkpointer import Checkpointer, ValidatedCheckpoint
 from tftrain.checkpoint.files import CHECKPOINT_NAME
 from tftrain.checkpoint.state import Progress, restore_model, seed_generator_states, training_state
-from tftrain.checkpoint.validation import ensure_writable_directory, open_checkpoint
+from tftrain.checkpoint.validation import VARIABLE_SUFFIX, ensure_writable_directory, open_checkpoint
 from tftrain.checkpoint.warm_start import WarmStartReport, warm_start
 from tftrain.errors import (
     CheckpointError,
@@ -52,6 +52,8 @@ __all__ = [
     "NonFiniteStateError",
     "Progress",
     "RunChangedError",
+    "ValidatedCheckpoint",
+    "VARIABLE_SUFFIX",
     "check_directory_path",
     "open_checkpoint",
     "ensure_writable_directory",

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -45,6 +45,21 @@ from tftrain.errors import CheckpointWriteError, ModelDirError, NonFiniteStateEr
 from tftrain.options import check_int
 
 
+class ValidatedCheckpoint(NamedTuple):
+    """A checkpoint read whole and found sound, before anything of it is restored (what `prepare` is given)."""
+
+    path: str
+    states: dict[str, Any]
+    """The services' states, by name."""
+    progress: Progress
+    """Where the run was (read, not assigned)."""
+    reader: tf.train.CheckpointReader
+
+    def tensor(self, key: str) -> Any:
+        """A saved tensor by its key (e.g. `data/epoch_order/.ATTRIBUTES/VARIABLE_VALUE`), or None if absent."""
+        return self.reader.get_tensor(key) if self.reader.has_tensor(key) else None
+
+
 def saved_progress(reader: tf.train.CheckpointReader) -> Progress:
     """A checkpoint's progress, read without restoring anything (a field it lacks reads 0)."""
     values = {}
@@ -52,6 +67,10 @@ def saved_progress(reader: tf.train.CheckpointReader) -> Progress:
         key = f"progress/{field.name}{VARIABLE_SUFFIX}"
         values[field.name] = int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
     return Progress(**values)
+
+
+# What a checkpoint holds of the run besides the training state and the data.
+_RUN_STATE_KEYS = ("progress", "iterator_saved", "timing", "save_counter")
 
 
 def _is_checkpointable_iterator(iterator: Any) -> bool:
@@ -184,7 +203,7 @@ class Checkpointer:
     # ---------------------------------------------------------------- restore
 
     def restore_latest(
-        self, iterator: Any = None, *, prepare: Callable[[dict[str, Any], Progress], Any] | None = None
+        self, iterator: Any = None, *, prepare: Callable[[ValidatedCheckpoint], Any] | None = None
     ) -> Progress | None:
         """Restores the newest good checkpoint, if any, as one sequence: find -> validate -> restore.
 
@@ -199,12 +218,13 @@ class Checkpointer:
         Args:
             iterator: The training iterator the run will read from; its state
                 is restored where the checkpoint saved one.
-            prepare: Instead of `iterator`: called once, with the services'
-                states and the saved `Progress` of the first checkpoint that
-                validates, before anything is restored; returns the iterator
-                (the data pipeline is built as that checkpoint saved its
-                position). It may raise to refuse the checkpoint (nothing is
-                restored then).
+            prepare: Instead of `iterator`: called once, with the first
+                checkpoint that validates (`ValidatedCheckpoint`: its path,
+                services' states, saved `Progress` and reader), before
+                anything is restored; returns the iterator to restore (the
+                data pipeline built as that checkpoint saved its position),
+                or None to restore none. It may raise to refuse the
+                checkpoint (nothing is restored then).
 
         Returns:
             The restored progress, or None if the directory holds no
@@ -238,7 +258,7 @@ class Checkpointer:
                 damaged(path, error)
                 continue
             if prepare is not None:  # its errors are the pipeline's (or the run record's), not the checkpoint's
-                iterator, prepare = prepare(states, saved_progress(reader)), None
+                iterator, prepare = prepare(ValidatedCheckpoint(path, states, saved_progress(reader), reader)), None
             try:
                 progress = self._restore_from(path, reader, iterator)
             except IncompatibleCheckpointError:
@@ -260,7 +280,7 @@ class Checkpointer:
         return None
 
     def restore_from(
-        self, path: str, iterator: Any = None, *, prepare: Callable[[dict[str, Any], Progress], Any] | None = None
+        self, path: str, iterator: Any = None, *, prepare: Callable[[ValidatedCheckpoint], Any] | None = None
     ) -> tuple[str, Progress]:
         """Restores a chosen checkpoint (e.g. another run's) instead of the latest of this directory.
 
@@ -270,9 +290,9 @@ class Checkpointer:
         Args:
             path: A checkpoint path prefix, or a directory (its latest checkpoint).
             iterator: The training iterator, restored where the checkpoint saved one.
-            prepare: Instead of `iterator`: called with the checkpoint's
-                services' states and saved `Progress` once it is validated;
-                returns the iterator.
+            prepare: Instead of `iterator`: called with the
+                `ValidatedCheckpoint` once it is validated; returns the
+                iterator to restore, or None.
 
         Returns:
             The checkpoint path restored, and its progress.
@@ -288,7 +308,7 @@ class Checkpointer:
         except Exception as error:
             raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
         if prepare is not None:
-            iterator = prepare(states, saved_progress(reader))
+            iterator = prepare(ValidatedCheckpoint(path, states, saved_progress(reader), reader))
         return path, self._restore_from(path, reader, iterator)
 
     def _validate(self, path: str) -> tuple[tf.train.CheckpointReader, dict[str, Any]]:
@@ -309,7 +329,8 @@ class Checkpointer:
             timing=self._service_states,
         )
         state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
-        check_compatible(path, reader, state_root)
+        # The data's own state (the iterator, a pass's order) is the pipeline's to match, not the model's.
+        check_compatible(path, reader, state_root, only=(*self._state_fn(), *_RUN_STATE_KEYS))
         iterator_in_checkpoint = bool(reader.get_tensor("iterator_saved" + VARIABLE_SUFFIX))
         restore_iterator = iterator_in_checkpoint and _is_checkpointable_iterator(iterator)
         if restore_iterator:
@@ -431,6 +452,7 @@ class Checkpointer:
         service_states: dict[str, Any] | None = None,
         *,
         number: int | None = None,
+        data_state: Mapping[str, Any] | None = None,
     ) -> str:
         """Writes a checkpoint of the current state.
 
@@ -443,6 +465,8 @@ class Checkpointer:
                 (JSON-serializable), read back as `service_states` on restore.
             number: The checkpoint's number (`ckpt-<number>`); the Trainer
                 numbers them by global step. None: one more than the last save.
+            data_state: More of the data position, name -> variable, saved
+                under `data/<name>` (e.g. the pass's order: `tftrain.data.epoch_order`).
 
         Returns:
             The checkpoint's path prefix.
@@ -472,6 +496,8 @@ class Checkpointer:
         self._service_states.assign(json.dumps(service_states) if service_states else "")
         for name, value in self._state_fn().items():
             setattr(self._root, name, value)
+        for name, variable in (data_state or {}).items():
+            setattr(self._data, name, variable)
         if (
             iterator is not None
             and self._iterator_unsaveable_reason is None

@@ -36,6 +36,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain.data.epoch_order import examples_in
 from tftrain.errors import RunChangedError
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "Comparison",
     "apply_taken",
     "build",
+    "built_fields",
     "compare",
     "learning_rate_value",
     "log_taken",
@@ -162,8 +164,6 @@ def _optimizer_record(optimizer: Any) -> dict[str, Any]:
     config.pop("name", None)
     for key, value in config.items():
         record[f"optimizer.{key}"] = _plain(value)
-    if getattr(optimizer, "built", False):
-        record["optimizer.variables"] = [list(variable.shape) for variable in optimizer.variables]
     return record
 
 
@@ -184,23 +184,20 @@ def _layers_record(model: keras.Model) -> list[str]:
     return described
 
 
-def _data_record(dataset: Any, adapter: Any, steps: int | None) -> dict[str, Any]:
+def _data_record(dataset: Any, adapter: Any) -> dict[str, Any]:
     """The data's global batch size, examples and batches per pass, and element spec, where known."""
     batch_size = getattr(adapter, "batch_size", None)
-    examples = None
-    num_batches = getattr(adapter, "num_batches", None)
-    if batch_size is not None and num_batches is not None:
-        partial = getattr(adapter, "partial_batch_size", None) or 0
-        examples = num_batches * batch_size - (batch_size - partial if partial else 0)
+    examples = examples_in(adapter)
     spec = getattr(dataset, "element_spec", None)
     if batch_size is None and spec is not None:
         leading = [s.shape[0] for s in tf.nest.flatten(spec) if getattr(s, "shape", None) is not None and s.shape.rank]
         batch_size = leading[0] if leading and leading[0] is not None else None
-    cardinality = int(dataset.cardinality()) if hasattr(dataset, "cardinality") else -2
+    cardinality = int(dataset.cardinality()) if hasattr(dataset, "cardinality") else tf.data.UNKNOWN_CARDINALITY
+    batches = cardinality if cardinality > 0 else ("infinite" if cardinality == tf.data.INFINITE_CARDINALITY else None)
     return {
         "data.global_batch_size": batch_size,
         "data.examples": examples,
-        "data.batches_per_pass": cardinality if cardinality > 0 else steps,
+        "data.batches_per_pass": batches,
         "data.element_spec": _plain(_describe_spec(spec)),
     }
 
@@ -216,7 +213,6 @@ def build(
     model: keras.Model,
     dataset: Any,
     adapter: Any,
-    steps: int | None,
     replicas: int,
     settings: Mapping[str, Any],
 ) -> dict[str, Any]:
@@ -227,7 +223,6 @@ def build(
         dataset: The training dataset (its element spec and length).
         adapter: Keras's data adapter of the training input (its batch size and
             examples, for arrays), or None.
-        steps: Steps per epoch asked for, or None.
         replicas: Replicas in sync (the global batch is split over them).
         settings: The Trainer options that change the math and the call's
             target (`epochs`, `total_steps`), by name.
@@ -240,9 +235,8 @@ def build(
     compiled = compiled or {}
     record["loss"] = _plain(compiled.get("loss"))
     record["metrics"] = _plain([compiled.get("metrics"), compiled.get("weighted_metrics")])
-    record["model.layers"] = _layers_record(model)
-    record[_LAYER_NAMES] = [layer.name for layer in model.layers]
-    record.update(_data_record(dataset, adapter, steps))
+    record.update(built_fields(model))
+    record.update(_data_record(dataset, adapter))
     record["replicas"] = int(replicas)
     record["dtype_policy"] = model.dtype_policy.name
     record.update({key: _plain(value) for key, value in settings.items()})
@@ -250,6 +244,19 @@ def build(
     record["versions.tensorflow"] = tf.__version__
     record["versions.keras"] = keras.__version__
     return record
+
+
+def built_fields(model: keras.Model) -> dict[str, Any]:
+    """The record's fields that a model built in its first step fills only then: its layers, the optimizer's variables.
+
+    A record is saved with each checkpoint with these fields read again at
+    the save, so the saved record describes the model that trained.
+    """
+    fields: dict[str, Any] = {"model.layers": _layers_record(model), _LAYER_NAMES: [layer.name for layer in model.layers]}
+    optimizer = getattr(model, "optimizer", None)
+    if getattr(optimizer, "built", False):
+        fields["optimizer.variables"] = [list(variable.shape) for variable in optimizer.variables]
+    return fields
 
 
 def _tftrain_version() -> str:

@@ -289,6 +289,42 @@ def get_data_adapter(**kwargs: Any) -> Any:
     return function(**kwargs)
 
 
+def array_dataset_with_order(adapter: Any, num_samples: int, order: Any) -> tf.data.Dataset:
+    """Keras's array pipeline (`adapter.get_tf_dataset()`) with each pass's order passed through `order`.
+
+    Keras's array adapter draws a pass's order inside its pipeline (one
+    `tf.random.shuffle` of the example indices per iterator) and exposes it
+    nowhere, so a checkpoint cannot keep it. While the pipeline is traced,
+    `tf.random.shuffle` is wrapped: a call on all `num_samples` indices gives
+    its result to `order(indices) -> indices`, which may record it (and
+    return it) or return a saved order instead. The shuffle op is made as
+    Keras makes it (the same seed derivation), so the orders drawn are the
+    ones `model.fit` draws. Other calls (a per-batch shuffle) pass unchanged.
+
+    Args:
+        adapter: Keras's `ArrayDataAdapter` of shuffled array inputs.
+        num_samples: Examples per pass.
+        order: Called in the pipeline's graph with the drawn order (an int64 tensor of `num_samples`).
+
+    Returns:
+        The batched dataset, as `adapter.get_tf_dataset()` returns it.
+    """
+    random = tf.random  # the module object Keras's adapter reaches (an import by name may load another)
+    shuffle = random.shuffle
+
+    def shuffle_through_order(value: Any, seed: Any = None, name: Any = None) -> Any:
+        drawn = shuffle(value, seed=seed, name=name)
+        if drawn.shape.rank == 1 and drawn.shape[0] == num_samples:
+            return order(drawn)
+        return drawn
+
+    random.shuffle = shuffle_through_order  # the one module Keras's adapter calls through
+    try:
+        return adapter.get_tf_dataset()
+    finally:
+        random.shuffle = shuffle
+
+
 def train_validation_split(arrays: Any, validation_split: float) -> Any:
     """`fit`'s `validation_split`: the last fraction of the arrays becomes validation data."""
     function = _attribute(

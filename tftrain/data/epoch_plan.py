@@ -13,6 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tftrain.data.epoch_order import EpochOrder
 from tftrain.data.inputs import AdaptedInput
 
 __all__ = ["EpochPlan"]
@@ -85,6 +86,36 @@ class EpochPlan:
         self._iterator: Iterator[Any] | None = None
         self._seen_in_pass = 0
         self._in_epoch = False
+        # Shuffled arrays under checkpoints: each pass's order, recorded (`record_order`).
+        self.order: EpochOrder | None = None
+        self._replay: tf.data.Dataset | None = None  # the resumed pass, in its saved order
+
+    def record_order(self) -> bool:
+        """Records the order of each pass of shuffled array inputs, for checkpoints to keep (`tftrain.data.epoch_order`).
+
+        Only for Keras's array adapter read through plain iterators; the data
+        and the orders drawn are unchanged.
+
+        Returns:
+            Whether the orders are recorded (`order` is set).
+        """
+        if self.data.kind != "arrays" or not self.plain_iterators or self.data.adapter is None:
+            return False
+        order = EpochOrder(self.data.adapter)
+        dataset = order.recording_dataset()
+        if dataset is None:  # this Keras draws no order of the whole pass
+            return False
+        self.order, self.dataset = order, dataset
+        return True
+
+    def replay_order(self, saved: Any) -> None:
+        """Makes the resumed pass read in a saved order (the checkpoint's `order.permutation`); later passes draw theirs.
+
+        Raises:
+            ValueError: `saved` is not an order of this data's examples.
+        """
+        replay = self.order.replay_dataset(saved)
+        self._replay = replay.with_options(self.dataset.options())  # e.g. symbolic checkpointing, as the pass's
 
     @property
     def steps(self) -> int | None:
@@ -148,10 +179,13 @@ class EpochPlan:
             steps_in_epoch: Steps it had run in its current epoch.
             iterator_restored: Whether `next_iterator()`'s state was restored
                 from the checkpoint. If not, the pass restarts and skips
-                `batches_in_pass` batches (`dataset.skip`).
+                `batches_in_pass` batches (`dataset.skip`), in its saved order
+                where `replay_order` gave one.
         """
+        source = self._replay if self._replay is not None else self.dataset
+        self._replay = None
         if not iterator_restored and batches_in_pass > 0:
-            self._iterator = self._make_iterator(self.dataset.skip(batches_in_pass))
+            self._iterator = self._make_iterator(source.skip(batches_in_pass))
         self._seen_in_pass = batches_in_pass - steps_in_epoch
 
     def end_epoch(self, steps_run: int, data_ended: bool, *, cut: bool = False) -> None:

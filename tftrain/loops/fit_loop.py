@@ -227,6 +227,7 @@ def _call_services(
         return ()
     return (PeriodicValidation(call.validation_every_steps, validate, step_history),)
 
+
 def _run_record(owner: StepOwner, call: FitCall) -> dict[str, Any]:
     """The call's run record: what its results depend on (`tftrain.checkpoint.run_record`)."""
     options, recovery = owner.engines.options, owner.recovery
@@ -246,7 +247,6 @@ def _run_record(owner: StepOwner, call: FitCall) -> dict[str, Any]:
         model=owner.model,
         dataset=call.plan.dataset,
         adapter=call.plan.data.adapter,
-        steps=call.plan.steps_per_epoch,
         replicas=owner.engines.strategy.num_replicas_in_sync,
         settings=settings,
     )

@@ -173,6 +173,8 @@ def fit_call(
     if check_int("total_steps", total_steps, optional=True) is not None:
         train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
     plan = plan_for(owner, "train", train, "x")
+    if owner.run_options.model_dir is not None:
+        plan.record_order()  # a shuffled array pass resumes in its own order (checkpoints keep it)
     fit_checks.warn_single_pass(
         plan,
         epochs - initial_epoch,

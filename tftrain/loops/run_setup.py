@@ -208,8 +208,8 @@ def start_run(
                 run_record.log_taken(comparison, verbose)
                 if where.chief:
                     run_record.write_file(path, record, comparison, restored.global_step if restored else 0)
-                services.append(RunRecordService(record))
-            _add_model_dir_services(services, where, checkpointer, window, timer, restored, data_mode)
+                services.append(RunRecordService(record, model))
+            _add_model_dir_services(services, where, checkpointer, window, timer, restored, data_mode, plan)
             if rollback:
                 services.insert(0, _loss_recovery(recovery, services, model, verbose))
             if lock is not None:
@@ -224,6 +224,7 @@ def start_run(
             for service in services:  # 4. the services' state
                 if service.name in checkpointer.service_states:
                     service.load_state_dict(checkpointer.service_states[service.name])
+            _warn_unmatched_states(checkpointer.service_states, services, checkpointer.restored_path)
             # 5. the data position
             plan.resume(restored.batches_in_pass, restored.step_in_epoch, checkpointer.iterator_restored)
     except BaseException:
@@ -292,6 +293,10 @@ class _ModelDir:
         )
 
 
+# The order of a shuffled array pass, as `CheckpointService(data_state=...)` saves it.
+_ORDER_KEY = "data/epoch_order" + checkpoint_lib.VARIABLE_SUFFIX
+
+
 def _restore(
     options: RunOptions,
     checkpointer: checkpoint_lib.Checkpointer,
@@ -321,20 +326,32 @@ def _restore(
     optimizer = getattr(model, "optimizer", None)
     users_learning_rate = run_record.learning_rate_value(optimizer)  # before a restore assigns the checkpoint's
 
-    def prepare(states: dict[str, Any] | None, saved: checkpoint_lib.Progress | None = None) -> Any:
-        """Checks the call against the validated checkpoint's record, then makes the data pipeline keep its position as that checkpoint did."""
-        if record is not None and states is not None:
-            mid_pass = saved is not None and (saved.step_in_epoch > 0 or saved.batches_in_pass > 0)
+    def prepare(validated: checkpoint_lib.ValidatedCheckpoint | None) -> Any:
+        """Checks the call against the validated checkpoint's record, then makes the data pipeline keep its position as that checkpoint did.
+
+        Returns the iterator whose saved state to restore, or None: shuffled
+        arrays keep their pass's order in the checkpoint instead of an
+        iterator (whose state holds the position, not the order), and a
+        resumed pass reads in that order, skipping the batches read.
+        """
+        states = validated.states if validated is not None else None
+        mid_pass = validated is not None and (validated.progress.step_in_epoch > 0 or validated.progress.batches_in_pass > 0)
+        if record is not None and validated is not None:
             comparison = run_record.compare(states.get(run_record.RECORD_KEY), record, mid_epoch=mid_pass)
             if comparison.refused:
-                step = saved.global_step if saved is not None else "?"
-                raise run_record.refusal(comparison, f"the checkpoint of step {step}", options.model_dir)
+                where = f"the checkpoint of step {validated.progress.global_step} ({validated.path})"
+                raise run_record.refusal(comparison, where, options.model_dir)
             comparisons.append(comparison)
         mode = None
         if plan.plain_iterators:
             mode, plan.dataset = data_position.prepare(plan.dataset, data_position.saved_mode(states))
         modes.append(mode)
-        return plan.next_iterator()
+        if plan.order is None:
+            return plan.next_iterator()
+        saved_order = validated.tensor(_ORDER_KEY) if validated is not None else None
+        if mid_pass and saved_order is not None:
+            plan.replay_order(saved_order)
+        return None
 
     # 2. validate and 3. model, optimizer and iterator: in the checkpointer, in that order.
     progress = checkpointer.restore_latest(prepare=prepare)
@@ -356,6 +373,7 @@ def _add_model_dir_services(
     timer: timing.StepTimer | None,
     restored: checkpoint_lib.Progress | None,
     data_mode: str | None,
+    plan: EpochPlan,
 ) -> None:
     """Appends the services that write to `model_dir`, in the order they run, each as it is made.
 
@@ -390,9 +408,15 @@ def _add_model_dir_services(
                 weights=where.averaged_weights,
             )
         )
-    save_iterator = data_mode != data_position.POSITION
+    # A recorded order keeps a shuffled array pass's position with the batch count (`EpochPlan.record_order`).
+    save_iterator = data_mode != data_position.POSITION and plan.order is None
     checkpoints = CheckpointService(
-        checkpointer, options.checkpoint_every_steps, timer, where.scratch_dir, save_iterator=save_iterator
+        checkpointer,
+        options.checkpoint_every_steps,
+        timer,
+        where.scratch_dir,
+        save_iterator=save_iterator,
+        data_state={"epoch_order": plan.order.permutation} if plan.order is not None else None,
     )
     services.append(checkpoints)
     if options.preemption_signals and place.single_process:

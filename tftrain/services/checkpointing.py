@@ -28,6 +28,8 @@ class CheckpointService(Service):
         scratch_dir: A non-chief worker's own checkpoint directory, removed at `close`.
         save_iterator: Save the data iterator's state (False: the position
             is kept as a batch count alone, for a pipeline read in a fixed order).
+        data_state: More of the data position saved with every checkpoint
+            (name -> variable: the order of a shuffled array pass).
     """
 
     name = "checkpoint"
@@ -40,9 +42,11 @@ class CheckpointService(Service):
         scratch_dir: str | None = None,
         *,
         save_iterator: bool = True,
+        data_state: dict[str, Any] | None = None,
     ):
         self.checkpointer = checkpointer
         self.save_iterator = save_iterator
+        self.data_state = data_state
         self.when = EveryNSteps(every_steps)
         self.timer = timer
         self.scratch_dir = scratch_dir
@@ -102,6 +106,7 @@ class CheckpointService(Service):
                 iterator if self.save_iterator else None,
                 run.service_states(),
                 number=progress.global_step,
+                data_state=self.data_state,
             )
             if self.timer is not None:
                 self.timer.record_checkpoint_save(time.perf_counter() - start)

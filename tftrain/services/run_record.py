@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tftrain.checkpoint.run_record import RECORD_KEY
+from tftrain.checkpoint.run_record import RECORD_KEY, built_fields
 from tftrain.services.protocol import Service
 
 
@@ -15,12 +15,16 @@ class RunRecordService(Service):
     Args:
         record: The record of the call (`tftrain.checkpoint.run_record.build`),
             with the changes a resume took already in it.
+        model: The model trained: its layers and optimizer variables are
+            read again at each save (a model may be built in its first step).
     """
 
     name = RECORD_KEY
 
-    def __init__(self, record: Mapping[str, Any]):
+    def __init__(self, record: Mapping[str, Any], model: Any):
         self.record = dict(record)
+        self.model = model
 
     def state_dict(self) -> dict[str, Any]:
+        self.record.update(built_fields(self.model))
         return self.record
