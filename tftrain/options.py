@@ -450,6 +450,14 @@ class RunOptions:
             run uses, for the utilisation; None looks one device up in
             `tftrain.engine.peak_flops`'s table (by device name and the
             model's compute dtype) and multiplies by the strategy's replicas.
+        on_data_change: With `model_dir`: what a resume does where the data
+            changed mid-epoch in a way its saved position cannot follow (a
+            dataset's batch size or length, the examples of arrays, the
+            element spec; a new batch size of arrays alone is converted):
+            `"refuse"` raises `tftrain.errors.RunChangedError` before
+            anything is restored; `"next_epoch"` restores the checkpoint and
+            starts the next epoch on the new data (the rest of the
+            checkpoint's epoch is not trained; said in one line).
 
     Raises:
         TypeError, ValueError: a bad value, or an option that needs `model_dir`
@@ -469,9 +477,16 @@ class RunOptions:
     async_checkpoint: bool = False
     count_flops: bool = False
     peak_flops: float | None = None
+    on_data_change: str = "refuse"
 
     def __post_init__(self):
         check_peak_flops(self.count_flops, self.peak_flops)
+        if self.on_data_change not in ("refuse", "next_epoch"):
+            raise ValueError(
+                "Invalid value for argument `on_data_change`. Received: "
+                f"on_data_change={self.on_data_change!r}. Expected 'refuse' (a resume whose data changed "
+                "mid-epoch raises RunChangedError) or 'next_epoch' (it starts the next epoch on the new data)."
+            )
         check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
         check_every_steps(self.summary_every_steps, "summary_every_steps")
         check_int("max_to_keep", self.max_to_keep)
@@ -527,7 +542,10 @@ class RunOptions:
                         "profiles to."
                     )
             check_left_at_default(
-                self, ("max_to_keep", "preemption_signals"), received="model_dir=None", expected="a `model_dir`"
+                self,
+                ("max_to_keep", "preemption_signals", "on_data_change"),
+                received="model_dir=None",
+                expected="a `model_dir`",
             )
         else:
             directory = check_directory_path(self.model_dir, "model_dir")

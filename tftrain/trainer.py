@@ -117,6 +117,11 @@ class Trainer:
             `export`, while training goes on with the raw weights (which the
             model holds outside those; `averaged_weights()` swaps them in).
             Checkpoints hold both. None: no average (docs/beyond_fit.md).
+        on_data_change: With `model_dir`: `"refuse"` (a resume whose data
+            changed mid-epoch where its position cannot follow raises
+            `RunChangedError`) or `"next_epoch"` (it starts the next epoch on
+            the new data); see `tftrain.options.RunOptions` and
+            docs/checkpoints.md ("Changing something between runs").
         services: Services of your own (`tftrain.services.Service`), run
             around every `fit`'s steps with the built-in ones (after the NaN
             guard, before the summaries and checkpoints); their state is
@@ -162,6 +167,7 @@ class Trainer:
         max_rollbacks: int = 3,
         rollback_lr_factor: float = 1.0,
         ema_decay: float | None = None,
+        on_data_change: str = "refuse",
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -182,7 +188,7 @@ class Trainer:
             terminate_on_nan=terminate_on_nan, preemption_signals=preemption_signals,
             best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from, async_checkpoint=async_checkpoint,
-            count_flops=count_flops, peak_flops=peak_flops,
+            count_flops=count_flops, peak_flops=peak_flops, on_data_change=on_data_change,
         )  # fmt: skip
         check_engine_options(self.run_options, self.options)
         self.recovery = RecoveryPolicy(

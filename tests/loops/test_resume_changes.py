@@ -113,15 +113,17 @@ def test_a_change_the_checkpoint_cannot_follow_is_refused_before_anything_is_res
     assert int(trainer.optimizer.iterations) == 0
 
 
-def test_a_new_batch_size_mid_epoch_is_refused_naming_the_ways_forward(tmp_path):
+def test_a_new_batch_size_of_a_dataset_mid_epoch_is_refused_naming_the_ways_forward(tmp_path):
     x, y = _data()
     _trainer(tmp_path, keras.optimizers.SGD(0.1), checkpoint_every_steps=3).fit(
-        x, y, batch_size=8, epochs=1, steps_per_epoch=5, verbose=0
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=1, steps_per_epoch=5, verbose=0
     )  # the last checkpoint is at step 5 of an 8-batch pass: mid-pass
     with pytest.raises(RunChangedError) as raised:
-        _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(x, y, batch_size=16, epochs=2, steps_per_epoch=5, verbose=0)
+        _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=2, steps_per_epoch=5, verbose=0
+        )  # a dataset batches itself: its examples cannot be counted from its batches
     message = str(raised.value)
-    assert "global_batch_size: 8 in the checkpoint, 16 now" in message
+    assert "batches_per_pass: 8 in the checkpoint, 4 now" in message
     assert "new `model_dir`" in message and "epoch end" in message
 
 
@@ -134,6 +136,14 @@ def test_a_longer_dataset_mid_epoch_is_refused_not_a_raw_graph_error(tmp_path):
     longer = tf.data.Dataset.from_tensor_slices((np.concatenate([x, x]), np.concatenate([y, y]))).batch(8)
     with pytest.raises(RunChangedError, match="batches_per_pass: 8 in the checkpoint, 16 now"):
         _trainer(tmp_path, keras.optimizers.SGD(0.1)).fit(longer, epochs=2, steps_per_epoch=3, verbose=0)
+    arrays = tmp_path / "arrays"  # arrays keep their position in examples: more examples cannot continue it either
+    _trainer(arrays, keras.optimizers.SGD(0.1), checkpoint_every_steps=3).fit(
+        x, y, batch_size=8, epochs=1, steps_per_epoch=3, verbose=0
+    )
+    with pytest.raises(RunChangedError, match="examples: 64 in the checkpoint, 128 now"):
+        _trainer(arrays, keras.optimizers.SGD(0.1)).fit(
+            np.concatenate([x, x]), np.concatenate([y, y]), batch_size=8, epochs=2, steps_per_epoch=3, verbose=0
+        )
 
 
 def test_a_new_batch_size_at_an_epoch_boundary_is_taken_and_trains_the_new_epoch(tmp_path, capsys):
@@ -189,15 +199,23 @@ class _Recording(tftrain.Trainer):
         return self.model.train_step(batch)
 
 
+def _indexed_data():
+    """64 examples whose features hold their index, and zero targets."""
+    return np.arange(64, dtype="float32")[:, None].repeat(4, axis=1), np.zeros((64, 1), "float32")
+
+
+def _recording_trainer(model_dir, **kwargs):
+    """A `_Recording` trainer of a fresh linear model (a learning rate of 0: the data order is what is tested)."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    return _Recording(model, keras.optimizers.SGD(0.0), "mse", model_dir=str(model_dir), **kwargs)
+
+
 def test_a_shuffled_array_epoch_resumes_in_its_own_order_without_a_seed(tmp_path):
     tf.random.set_seed(None)  # no global seed: each pass draws its order at random
-    x = np.arange(64, dtype="float32")[:, None].repeat(4, axis=1)
-    y = np.zeros((64, 1), "float32")
+    x, y = _indexed_data()
 
     def trainer(**kwargs):
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        return _Recording(model, keras.optimizers.SGD(0.0), "mse", model_dir=str(tmp_path),
-                          checkpoint_every_steps=3, **kwargs)  # fmt: skip
+        return _recording_trainer(tmp_path, checkpoint_every_steps=3, **kwargs)
 
     first = trainer(fail_at=6)
     with pytest.raises(_Stop):
@@ -209,3 +227,85 @@ def test_a_shuffled_array_epoch_resumes_in_its_own_order_without_a_seed(tmp_path
     assert sorted(sum(epoch_1, [])) == list(range(64))  # every example once: none skipped, none twice
     assert resumed.seen[:2] == first.seen[3:5]  # the steps after the checkpoint read the same batches again
     assert sorted(sum(resumed.seen[5:], [])) == list(range(64))  # the next epoch: a whole pass
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in_order", "shuffled"])
+@pytest.mark.parametrize("new_batch_size", [16, 4, 5])
+def test_a_new_batch_size_mid_epoch_goes_on_at_the_next_unread_example(tmp_path, shuffle, new_batch_size, capsys):
+    tf.random.set_seed(None)
+    x, y = _indexed_data()
+
+    def trainer(**kwargs):
+        return _recording_trainer(tmp_path, checkpoint_every_steps=3, **kwargs)
+
+    first = trainer(fail_at=5)
+    with pytest.raises(_Stop):
+        first.fit(x, y, batch_size=8, epochs=2, shuffle=shuffle, verbose=0)  # checkpoint at step 3: 24 examples
+    resumed = trainer()
+    resumed.fit(x, y, batch_size=new_batch_size, epochs=2, shuffle=shuffle, verbose=1)
+    rest = -(-40 // new_batch_size)  # the epoch's 40 unread examples in the new batch size
+    epoch_1 = sum(first.seen[:3] + resumed.seen[:rest], [])
+    assert sorted(epoch_1) == list(range(64))  # none skipped, none twice
+    if not shuffle:
+        assert epoch_1 == list(range(64))  # and in their order
+    assert [len(batch) for batch in resumed.seen[:rest]] == [new_batch_size] * (40 // new_batch_size) + (
+        [40 % new_batch_size] if 40 % new_batch_size else []
+    )
+    assert sorted(sum(resumed.seen[rest:], [])) == list(range(64))  # the next epoch: a whole pass
+    assert f"global_batch_size: 8 in the checkpoint, {new_batch_size} now (yours; the epoch goes on at its next unread example)" in capsys.readouterr().out
+
+
+def test_a_converted_pass_killed_again_resumes_at_its_next_unread_example(tmp_path):
+    tf.random.set_seed(None)
+    x, y = _indexed_data()
+
+    def trainer(**kwargs):
+        return _recording_trainer(tmp_path, checkpoint_every_steps=2, **kwargs)
+
+    first = trainer(fail_at=4)  # checkpoint at step 2: 16 examples read in batches of 8
+    with pytest.raises(_Stop):
+        first.fit(x, y, batch_size=8, epochs=1, shuffle=True, verbose=0)
+    second = trainer(fail_at=6)  # batches of 5 from example 16: steps 3, 4 (checkpoint: 26 examples), 5
+    with pytest.raises(_Stop):
+        second.fit(x, y, batch_size=5, epochs=1, shuffle=True, verbose=0)
+    third = trainer()
+    third.fit(x, y, batch_size=5, epochs=1, shuffle=True, verbose=0)
+    epoch = sum(first.seen[:2] + second.seen[:2] + third.seen, [])
+    assert sorted(epoch) == list(range(64))
+    assert third.seen[0] == second.seen[2]  # the steps after the checkpoint read the same batch again
+
+
+def test_on_data_change_next_epoch_starts_the_next_epoch_on_the_new_data(tmp_path, capsys):
+    x, y = _data()
+    _trainer(tmp_path, keras.optimizers.SGD(0.1), checkpoint_every_steps=3).fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=1, steps_per_epoch=5, verbose=0
+    )  # checkpoint at step 5, mid-pass
+    trainer = _trainer(tmp_path, keras.optimizers.SGD(0.1), on_data_change="next_epoch")
+    history = trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=3, verbose=1)
+    out = capsys.readouterr().out
+    assert "batches_per_pass: 8 in the checkpoint, 4 now (yours; on_data_change='next_epoch'" in out
+    assert int(trainer.optimizer.iterations) == 5 + 2 * 4  # epochs 2 and 3, whole passes of the new data
+    assert len(history.history["loss"]) == 2
+
+
+def test_on_data_change_is_checked_and_needs_a_model_dir():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="Invalid value for argument `on_data_change`"):
+        tftrain.Trainer(model, "sgd", "mse", model_dir="unused", on_data_change="skip")
+    with pytest.raises(ValueError, match="on_data_change"):
+        tftrain.Trainer(model, "sgd", "mse", on_data_change="next_epoch")
+
+
+def test_on_data_change_next_epoch_mid_epoch_leaves_the_rest_of_that_epoch(tmp_path):
+    x, y = _data()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    first = _Recording(model, keras.optimizers.SGD(0.1), "mse", model_dir=str(tmp_path), checkpoint_every_steps=3,
+                       fail_at=5)  # fmt: skip
+    with pytest.raises(_Stop):
+        first.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=2, verbose=0)  # checkpoint: step 3
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    resumed = tftrain.Trainer(model, keras.optimizers.SGD(0.1), "mse", model_dir=str(tmp_path),
+                              on_data_change="next_epoch")  # fmt: skip
+    history = resumed.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=2, verbose=0)
+    assert int(resumed.optimizer.iterations) == 3 + 4  # epoch 2 on the new data; epoch 1's last 5 steps not trained
+    assert len(history.history["loss"]) == 1

@@ -16,8 +16,11 @@ anything is assigned, and each difference is one of:
   metrics) raises `tftrain.errors.RunChangedError`, naming the change;
 * **data**: a change of the data (batch size, length, element spec) is taken
   where the checkpoint is at an epoch boundary (the next epoch is a fresh
-  pass) and refused mid-epoch, where the saved data position would land on
-  other examples.
+  pass). Mid-epoch, a new batch size of data whose position is kept in
+  examples (arrays) is converted, the epoch going on at its next unread
+  example; another change is refused, where the saved data position would
+  land on other examples, unless `on_data_change="next_epoch"` takes it for
+  the next epoch.
 
 The record is a flat dict of JSON values keyed by dotted names
 (`"optimizer.learning_rate"`), so a difference is named as the user knows it.
@@ -59,7 +62,13 @@ RECORD_KEY = "run_record"
 RECORD_FILE = "run_record.json"
 """The readable copy in `model_dir` (the newest run's record and every change taken)."""
 
-TAKEN, REFUSED, DATA = "taken", "refused", "data"
+TAKEN, REFUSED, DATA, CONVERTED, NEXT_EPOCH = "taken", "refused", "data", "converted", "next_epoch"
+
+_TAKEN_AS = {
+    TAKEN: "",
+    CONVERTED: "; the epoch goes on at its next unread example",
+    NEXT_EPOCH: "; on_data_change='next_epoch': the next epoch starts on it, the rest of the checkpoint's is not trained",
+}
 
 # Keys whose change makes the checkpoint meaningless, with why (said in the error).
 _REFUSED_BECAUSE = {
@@ -86,7 +95,10 @@ class Change:
         key: The record's key, e.g. `"optimizer.learning_rate"`.
         saved: The value in the checkpoint's record.
         now: The value in the new call.
-        action: `"taken"`, `"refused"` or `"data"` (see the module doc).
+        action: `"taken"`, `"refused"`, `"data"` (a data change, refused
+            mid-epoch), `"converted"` (a new batch size mid-epoch, for
+            data whose position is kept in examples) or `"next_epoch"` (a
+            data change mid-epoch, taken for the next epoch).
     """
 
     key: str
@@ -126,7 +138,21 @@ class Comparison:
 
     def taken_lines(self) -> list[str]:
         """One line per change taken, as logged."""
-        return [f"{change.line()} (yours)" for change in self.taken]
+        return [
+            f"{change.line()} (yours{_TAKEN_AS[change.action]})"
+            for change in self.taken
+            if change.key != "data.batches_per_pass" or change.action != CONVERTED  # said with the batch size
+        ]
+
+    @property
+    def data_only(self) -> bool:
+        """Whether every refused change is a data change mid-epoch (which `on_data_change="next_epoch"` takes)."""
+        return bool(self.refused) and all(change.action == DATA for change in self.refused)
+
+    def at_next_epoch(self) -> Comparison:
+        """The data changes refused mid-epoch, taken instead for the next epoch (`on_data_change="next_epoch"`)."""
+        moved = tuple(dataclasses.replace(change, action=NEXT_EPOCH) for change in self.refused)
+        return Comparison(self.taken + moved, ())
 
 
 def _show(value: Any) -> str:
@@ -265,13 +291,20 @@ def _tftrain_version() -> str:
     return tftrain.__version__
 
 
-def compare(saved: Mapping[str, Any] | None, now: Mapping[str, Any], *, mid_epoch: bool) -> Comparison:
+def compare(
+    saved: Mapping[str, Any] | None, now: Mapping[str, Any], *, mid_epoch: bool, convertible: bool = False
+) -> Comparison:
     """Sorts the differences between a checkpoint's record and the new call's.
 
     Args:
         saved: The checkpoint's record (None: written before records existed; nothing to compare).
         now: The new call's record (`build`).
-        mid_epoch: The checkpoint is inside an epoch: a data change is refused.
+        mid_epoch: The checkpoint is inside an epoch: a data change is refused,
+            but for a batch size that `convertible` data takes.
+        convertible: The data's position is kept in examples (array inputs,
+            `tftrain.data.epoch_plan.EpochPlan.keep_array_position`): a new
+            batch size alone is converted, the epoch going on at its next
+            unread example.
 
     Returns:
         The `Comparison`. Keys present on one side only are compared with None.
@@ -292,7 +325,18 @@ def compare(saved: Mapping[str, Any] | None, now: Mapping[str, Any], *, mid_epoc
             refused.append(Change(key, before, after, action))
         else:
             taken.append(Change(key, before, after, TAKEN))
+    if convertible and mid_epoch:
+        taken, refused = _batch_size_converted(taken, refused)
     return Comparison(*_consequences_dropped(taken, refused))
+
+
+def _batch_size_converted(taken: list[Change], refused: list[Change]) -> tuple[list[Change], list[Change]]:
+    """A new batch size alone (the same examples and element spec) is converted, not refused."""
+    data = [change for change in refused if change.action == DATA]
+    if not data or {change.key for change in data} - {"data.global_batch_size", "data.batches_per_pass"}:
+        return taken, refused
+    converted = [dataclasses.replace(change, action=CONVERTED) for change in data]
+    return taken + converted, [change for change in refused if change.action != DATA]
 
 
 def _consequences_dropped(taken: list[Change], refused: list[Change]) -> tuple[tuple[Change, ...], ...]:
@@ -332,13 +376,12 @@ def refusal(comparison: Comparison, path: str, model_dir: str | None) -> RunChan
         elif why is None:  # a hyperparameter that changes the optimizer's variables
             why = _REFUSED_BECAUSE["optimizer.variables"]
         lines.append(f"  - {change.line()}: {why}")
-    data_only = all(change.action == DATA for change in comparison.refused)
     where = f" (move {model_dir} away, or pass another `model_dir`)" if model_dir else ""
     forward = f"Start a new run with these settings in a new `model_dir`{where}"
-    if data_only:
+    if comparison.data_only:
         forward += (
-            ", or resume from a checkpoint at an epoch end (`resume_from=` one written at an epoch end, "
-            "or keep the data as it was until the epoch ends)"
+            ", or resume at the next epoch end: pass `on_data_change='next_epoch'` to the Trainer (the rest of "
+            "this epoch is not trained), or keep the data as it was until the epoch ends"
         )
     else:
         forward += ", or rerun with the settings the checkpoint was written with"

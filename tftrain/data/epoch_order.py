@@ -1,4 +1,4 @@
-"""The order of a shuffled array pass, kept so a resumed run reads the rest of the pass as the killed run would have.
+"""Where a pass over array inputs is, kept so a resumed run reads the rest of the pass as the killed run would have.
 
 Keras shuffles array inputs inside its pipeline: each pass draws a new order
 (`tf.random.shuffle` of the example indices), from the global seed if the
@@ -8,6 +8,10 @@ saved), so a resumed run without a seed would read its pass in a new order:
 some examples twice, others never. `EpochOrder` records each pass's order as
 Keras draws it (a variable saved with every checkpoint), and replays a saved
 order for the resumed pass; the later passes draw theirs as before.
+
+`ArrayPosition` keeps the position in examples, not batches, so a run resumed
+with another batch size goes on at the next unread example of the pass,
+nothing skipped or read twice.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import tensorflow as tf
 
 from tftrain.compat import keras_internals
 
-__all__ = ["EpochOrder", "examples_in"]
+__all__ = ["ArrayPosition", "EpochOrder", "examples_in"]
 
 
 def examples_in(adapter: Any) -> int | None:
@@ -90,3 +94,53 @@ class EpochOrder:
         """Keras's pipeline with its order through `order`, its length stated as `tftrain.data.inputs.adapt` states it."""
         dataset = keras_internals.array_dataset_with_order(self.adapter, self.num_samples, order)
         return dataset.apply(tf.data.experimental.assert_cardinality(self.adapter.num_batches))
+
+
+class ArrayPosition:
+    """Where a pass over array inputs is, in examples, and the rest of a pass from an example on.
+
+    Args:
+        adapter: Keras's array adapter of this call (its batch size may
+            differ from the one of the run that wrote the checkpoint).
+
+    Attributes:
+        order: The recorded order of each pass where the arrays are
+            shuffled (`EpochOrder`), else None (every pass reads in index order).
+    """
+
+    def __init__(self, adapter: Any):
+        self.adapter = adapter
+        self.batch_size = int(adapter.batch_size)
+        self.num_samples = examples_in(adapter)
+        self.order: EpochOrder | None = None
+        self._offset = (0, 0)  # examples and batches of the pass read before the current iterator's first batch
+
+    def start_pass(self) -> None:
+        """A fresh pass starts: its iterator reads from its first example."""
+        self._offset = (0, 0)
+
+    def examples_read(self, batches_in_pass: int) -> int:
+        """Examples of the pass read once `batches_in_pass` of its batches were."""
+        examples, batches = self._offset
+        return min(self.num_samples, examples + (batches_in_pass - batches) * self.batch_size)
+
+    def rest_of_pass(self, source: tf.data.Dataset, examples: int, batches_in_pass: int) -> tuple[tf.data.Dataset, int]:
+        """The batches of a pass after its first `examples`, in this call's batch size, and how many there are.
+
+        Args:
+            source: The pass's batches from its first example (in its saved order).
+            examples: Examples of the pass read before the resume.
+            batches_in_pass: Batches the run had read from the pass, in its own
+                batch size (what later positions count on from).
+
+        Returns:
+            The dataset of the rest of the pass, and its number of batches.
+        """
+        count = -(-(self.num_samples - examples) // self.batch_size)
+        if examples % self.batch_size == 0:
+            rest = source.skip(examples // self.batch_size)
+        else:  # a new batch size: the batches start at the next unread example
+            rest = source.unbatch().skip(examples).batch(self.batch_size)
+            rest = rest.apply(tf.data.experimental.assert_cardinality(count))
+        self._offset = (examples, batches_in_pass)
+        return rest, count

@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tftrain.data.epoch_order import EpochOrder
+from tftrain.data.epoch_order import ArrayPosition, EpochOrder
 from tftrain.data.inputs import AdaptedInput
 
 __all__ = ["EpochPlan"]
@@ -86,49 +86,78 @@ class EpochPlan:
         self._iterator: Iterator[Any] | None = None
         self._seen_in_pass = 0
         self._in_epoch = False
-        # Shuffled arrays under checkpoints: each pass's order, recorded (`record_order`).
-        self.order: EpochOrder | None = None
-        self._replay: tf.data.Dataset | None = None  # the resumed pass, in its saved order
+        # Arrays under checkpoints: the position in examples and each pass's order (`keep_array_position`).
+        self.position: ArrayPosition | None = None
+        self._pass_batches: int | None = None  # the resumed pass's batches, where its batch size changed
 
-    def record_order(self) -> bool:
-        """Records the order of each pass of shuffled array inputs, for checkpoints to keep (`tftrain.data.epoch_order`).
+    def keep_array_position(self) -> bool:
+        """Keeps the position of array inputs in examples, and each pass's order if shuffled (`tftrain.data.epoch_order`).
 
-        Only for Keras's array adapter read through plain iterators; the data
-        and the orders drawn are unchanged.
+        For checkpoints: a resumed pass reads the rest of its examples in
+        its order, in the batch size of the new call. Only for Keras's array
+        adapter read through plain iterators; the data and the orders drawn
+        are unchanged.
 
         Returns:
-            Whether the orders are recorded (`order` is set).
+            Whether the position is kept (`position` is set).
         """
-        if self.data.kind != "arrays" or not self.plain_iterators or self.data.adapter is None:
+        adapter = self.data.adapter
+        if self.data.kind != "arrays" or not self.plain_iterators or getattr(adapter, "batch_size", None) is None:
             return False
-        order = EpochOrder(self.data.adapter)
+        self.position = ArrayPosition(adapter)
+        order = EpochOrder(adapter)
         dataset = order.recording_dataset()
-        if dataset is None:  # this Keras draws no order of the whole pass
-            return False
-        self.order, self.dataset = order, dataset
+        if dataset is not None:  # shuffled: each pass draws an order
+            self.position.order, self.dataset = order, dataset
         return True
 
-    def replay_order(self, saved: Any) -> None:
-        """Makes the resumed pass read in a saved order (the checkpoint's `order.permutation`); later passes draw theirs.
+    @property
+    def order(self) -> EpochOrder | None:
+        """The recorded order of each pass of shuffled arrays (None: not kept, or read in index order)."""
+        return self.position.order if self.position is not None else None
+
+    def resume_at_example(
+        self, examples: int, batches_in_pass: int, steps_in_epoch: int, saved_order: Any = None
+    ) -> None:
+        """Continues a checkpointed run of array inputs at its position in examples (`keep_array_position`).
+
+        Args:
+            examples: Examples of the pass the checkpointed run had read.
+            batches_in_pass: Batches it had read from the pass (in its batch size).
+            steps_in_epoch: Steps it had run in its current epoch.
+            saved_order: The pass's order, as the checkpoint saved it (None: index order).
 
         Raises:
-            ValueError: `saved` is not an order of this data's examples.
+            ValueError: `saved_order` is not an order of this data's examples.
         """
-        replay = self.order.replay_dataset(saved)
-        self._replay = replay.with_options(self.dataset.options())  # e.g. symbolic checkpointing, as the pass's
+        self._seen_in_pass = batches_in_pass - steps_in_epoch
+        if examples <= 0:
+            return
+        source = self.order.replay_dataset(saved_order) if saved_order is not None else self.dataset
+        source = source.with_options(self.dataset.options())  # e.g. symbolic checkpointing, as the pass's
+        rest, count = self.position.rest_of_pass(source, examples, batches_in_pass)
+        self._iterator = self._make_iterator(rest)
+        self._pass_batches = batches_in_pass + count
+
+    def examples_in_pass(self, batches_in_pass: int) -> int | None:
+        """Examples of the current pass read after `batches_in_pass` of its batches (None: not kept)."""
+        return self.position.examples_read(batches_in_pass) if self.position is not None else None
+
+    def _current_pass_batches(self) -> int | None:
+        return self._pass_batches if self._pass_batches is not None else self._batches_per_pass
 
     @property
     def steps(self) -> int | None:
         """Steps in the coming epoch, or None while unknown."""
         if self.steps_per_epoch is not None:
             return self.steps_per_epoch
-        return self._batches_per_pass if self._known_up_front else self._announced_steps
+        return self._current_pass_batches() if self._known_up_front else self._announced_steps
 
     def batches_left(self, steps_this_epoch: int) -> int | None:
         """Batches left in the current pass (None while its length is unknown)."""
         if not self._known_up_front or self._iterator is None:
             return None
-        return self._batches_per_pass - self._seen_in_pass - steps_this_epoch
+        return self._current_pass_batches() - self._seen_in_pass - steps_this_epoch
 
     @property
     def plain_iterators(self) -> bool:
@@ -165,6 +194,9 @@ class EpochPlan:
         if self._iterator is None:
             self._iterator = self._make_iterator(self.dataset)
             self._seen_in_pass = 0
+            self._pass_batches = None
+            if self.position is not None:
+                self.position.start_pass()
         return self._iterator
 
     def batches_in_pass(self, steps_this_epoch: int) -> int:
@@ -179,13 +211,10 @@ class EpochPlan:
             steps_in_epoch: Steps it had run in its current epoch.
             iterator_restored: Whether `next_iterator()`'s state was restored
                 from the checkpoint. If not, the pass restarts and skips
-                `batches_in_pass` batches (`dataset.skip`), in its saved order
-                where `replay_order` gave one.
+                `batches_in_pass` batches (`dataset.skip`).
         """
-        source = self._replay if self._replay is not None else self.dataset
-        self._replay = None
         if not iterator_restored and batches_in_pass > 0:
-            self._iterator = self._make_iterator(source.skip(batches_in_pass))
+            self._iterator = self._make_iterator(self.dataset.skip(batches_in_pass))
         self._seen_in_pass = batches_in_pass - steps_in_epoch
 
     def end_epoch(self, steps_run: int, data_ended: bool, *, cut: bool = False) -> None:
@@ -203,7 +232,7 @@ class EpochPlan:
         self.close()
         if cut:
             return
-        known_pass = self._batches_per_pass
+        known_pass = self._current_pass_batches()
         self._seen_in_pass += steps_run
         if data_ended:
             if self._seen_in_pass == 0:
@@ -229,7 +258,7 @@ class EpochPlan:
                 # ends, and the next epoch starts another: made here too, a
                 # reshuffling dataset's later epochs get the orders they get under fit.
                 self._make_iterator(self.dataset)
-        elif self._batches_per_pass is not None and self._seen_in_pass >= self._batches_per_pass:
+        elif known_pass is not None and self._seen_in_pass >= known_pass:
             self._iterator = None
 
     def close(self) -> None:

@@ -174,7 +174,7 @@ def fit_call(
         train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
     plan = plan_for(owner, "train", train, "x")
     if owner.run_options.model_dir is not None:
-        plan.record_order()  # a shuffled array pass resumes in its own order (checkpoints keep it)
+        plan.keep_array_position()  # arrays resume at their next unread example, in their pass's order
     fit_checks.warn_single_pass(
         plan,
         epochs - initial_epoch,

@@ -197,7 +197,8 @@ def start_run(
             # The chief is the writer: one per model_dir, held before anything there is touched.
             lock = WriterLock(path) if where.chief else None
             checkpointer = where.checkpointer()
-            restored, data_mode, comparison = _restore(options, checkpointer, model, plan, record)  # steps 1-3
+            found = _restore(options, checkpointer, model, plan, record)  # steps 1 to 3
+            restored, data_mode, comparison = found.progress, found.data_mode, found.comparison
             if restored is not None:
                 report_resume(
                     f"tftrain: resumed from {checkpointer.restored_path} at step {restored.global_step} "
@@ -225,8 +226,12 @@ def start_run(
                 if service.name in checkpointer.service_states:
                     service.load_state_dict(checkpointer.service_states[service.name])
             _warn_unmatched_states(checkpointer.service_states, services, checkpointer.restored_path)
-            # 5. the data position
-            plan.resume(restored.batches_in_pass, restored.step_in_epoch, checkpointer.iterator_restored)
+            # 5. the data position (none to find where the run starts the next epoch on new data)
+            if plan.position is not None and not found.at_next_epoch:
+                examples = _examples_read(checkpointer.service_states, restored, found.comparison, plan)
+                plan.resume_at_example(examples, restored.batches_in_pass, restored.step_in_epoch, found.saved_order)
+            elif not found.at_next_epoch:
+                plan.resume(restored.batches_in_pass, restored.step_in_epoch, checkpointer.iterator_restored)
     except BaseException:
         with contextlib.suppress(Exception):  # the setup's error is the one to report
             close_all(services)  # what the services hold: writers, signal handlers, the lock
@@ -297,23 +302,39 @@ class _ModelDir:
 _ORDER_KEY = "data/epoch_order" + checkpoint_lib.VARIABLE_SUFFIX
 
 
+@dataclasses.dataclass(frozen=True)
+class _Restored:
+    """What steps 1 to 3 of the restore sequence found.
+
+    Attributes:
+        progress: Where the run resumes (None: nothing to resume).
+        data_mode: How checkpoints keep the data position: the validated
+            checkpoint's (a resume reads it as it was saved), else the one
+            that suits the pipeline; None where the iterators are
+            distributed (never saved).
+        comparison: The call against the checkpoint's run record, its
+            changes taken already in effect.
+        saved_order: The order of the pass of shuffled arrays the checkpoint
+            was in (None: none saved).
+        at_next_epoch: The run resumes at the start of the epoch after the
+            checkpoint's (`on_data_change="next_epoch"` took a data change).
+    """
+
+    progress: checkpoint_lib.Progress | None
+    data_mode: str | None
+    comparison: run_record.Comparison
+    saved_order: Any = None
+    at_next_epoch: bool = False
+
+
 def _restore(
     options: RunOptions,
     checkpointer: checkpoint_lib.Checkpointer,
     model: Any,
     plan: EpochPlan,
     record: dict[str, Any] | None,
-) -> tuple[checkpoint_lib.Progress | None, str | None, run_record.Comparison]:
-    """Steps 1 to 3 of the restore sequence (module doc).
-
-    Returns:
-        The progress (None: nothing to resume); the data mode, how
-        checkpoints keep the data position: the validated checkpoint's (a
-        resume reads it as it was saved), else the one that suits the
-        pipeline, None where the iterators are distributed (never saved);
-        and the comparison of the call with the checkpoint's run record,
-        its changes taken already in effect.
-    """
+) -> _Restored:
+    """Steps 1 to 3 of the restore sequence (module doc)."""
     source = checkpointer.latest or options.resume_from  # 1. find (model_dir's own checkpoints win)
     if source is not None and not model.built:
         raise ValueError(
@@ -323,21 +344,29 @@ def _restore(
         )
     modes: list[str | None] = []
     comparisons: list[run_record.Comparison] = []
+    saved_orders: list[Any] = []
+    next_epoch: list[bool] = []  # on_data_change="next_epoch" took a data change
     optimizer = getattr(model, "optimizer", None)
     users_learning_rate = run_record.learning_rate_value(optimizer)  # before a restore assigns the checkpoint's
 
     def prepare(validated: checkpoint_lib.ValidatedCheckpoint | None) -> Any:
         """Checks the call against the validated checkpoint's record, then makes the data pipeline keep its position as that checkpoint did.
 
-        Returns the iterator whose saved state to restore, or None: shuffled
-        arrays keep their pass's order in the checkpoint instead of an
-        iterator (whose state holds the position, not the order), and a
-        resumed pass reads in that order, skipping the batches read.
+        Returns the iterator whose saved state to restore, or None for
+        arrays: their position is kept in examples, with the pass's order
+        where shuffled (an iterator's state holds the position, not the
+        order), and the resumed pass reads the rest of its examples in that
+        order (step 5).
         """
         states = validated.states if validated is not None else None
         mid_pass = validated is not None and (validated.progress.step_in_epoch > 0 or validated.progress.batches_in_pass > 0)
         if record is not None and validated is not None:
-            comparison = run_record.compare(states.get(run_record.RECORD_KEY), record, mid_epoch=mid_pass)
+            comparison = run_record.compare(
+                states.get(run_record.RECORD_KEY), record, mid_epoch=mid_pass, convertible=plan.position is not None
+            )
+            if comparison.data_only and options.on_data_change == "next_epoch":
+                comparison = comparison.at_next_epoch()
+                next_epoch.append(True)
             if comparison.refused:
                 where = f"the checkpoint of step {validated.progress.global_step} ({validated.path})"
                 raise run_record.refusal(comparison, where, options.model_dir)
@@ -346,12 +375,13 @@ def _restore(
         if plan.plain_iterators:
             mode, plan.dataset = data_position.prepare(plan.dataset, data_position.saved_mode(states))
         modes.append(mode)
-        if plan.order is None:
+        if next_epoch:
+            return None  # the next epoch is a fresh pass of the new data
+        if plan.position is None:
             return plan.next_iterator()
-        saved_order = validated.tensor(_ORDER_KEY) if validated is not None else None
-        if mid_pass and saved_order is not None:
-            plan.replay_order(saved_order)
-        return None
+        if validated is not None and plan.order is not None:
+            saved_orders.append(validated.tensor(_ORDER_KEY))
+        return None  # arrays: the position in examples (step 5), not the iterator
 
     # 2. validate and 3. model, optimizer and iterator: in the checkpointer, in that order.
     progress = checkpointer.restore_latest(prepare=prepare)
@@ -362,7 +392,25 @@ def _restore(
     comparison = comparisons[0] if comparisons and progress is not None else run_record.Comparison()
     if progress is not None:
         comparison = run_record.apply_taken(comparison, optimizer, users_learning_rate)
-    return progress, modes[0], comparison
+    if progress is not None and next_epoch:  # the rest of the checkpoint's epoch is not trained
+        epoch = progress.epoch + (1 if progress.step_in_epoch else 0)  # at an epoch end mid-pass: that next epoch
+        progress = dataclasses.replace(progress, epoch=epoch, step_in_epoch=0, batches_in_pass=0)
+        return _Restored(progress, modes[0], comparison, at_next_epoch=True)
+    return _Restored(progress, modes[0], comparison, saved_orders[0] if saved_orders else None)
+
+
+def _examples_read(
+    states: dict[str, Any], restored: checkpoint_lib.Progress, comparison: run_record.Comparison, plan: EpochPlan
+) -> int:
+    """Examples of the pass the checkpointed run had read: saved with it, or its batches times its batch size."""
+    saved = states.get("data", {}).get("examples_in_pass")
+    if saved is not None:
+        return int(saved)
+    batch_size = next(
+        (change.saved for change in comparison.taken if change.key == "data.global_batch_size"),
+        plan.position.batch_size,
+    )
+    return restored.batches_in_pass * int(batch_size)
 
 
 def _add_model_dir_services(
@@ -383,7 +431,7 @@ def _add_model_dir_services(
     options, place, chief, model_dir = where.options, where.place, where.chief, where.path
     step = restored.global_step if restored is not None else 0
     if data_mode is not None:
-        services.append(DataCheckpointService(data_mode))
+        services.append(DataCheckpointService(data_mode, plan.examples_in_pass if plan.position is not None else None))
     if chief and window is not None:
         services.append(ProfilerService(summaries.ProfileWindow(where.layout.train, window)))
         if step > window[0] - 1:
@@ -408,8 +456,8 @@ def _add_model_dir_services(
                 weights=where.averaged_weights,
             )
         )
-    # A recorded order keeps a shuffled array pass's position with the batch count (`EpochPlan.record_order`).
-    save_iterator = data_mode != data_position.POSITION and plan.order is None
+    # Arrays keep their position in examples and their pass's order, not an iterator (`EpochPlan.keep_array_position`).
+    save_iterator = data_mode != data_position.POSITION and plan.position is None
     checkpoints = CheckpointService(
         checkpointer,
         options.checkpoint_every_steps,
