@@ -157,6 +157,26 @@ def test_kill_during_save_leaves_a_restorable_checkpoint(runs):
     assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
 
 
+def test_a_kill_while_a_new_batch_size_is_converted_reruns_bit_identical(tmp_path):
+    """Arrays in batches of 8, killed after step 4 (checkpoint: step 3, 24 of 48 examples); rerun in batches of 16."""
+    chains = {name: tmp_path / name for name in ("converted", "killed_while_converting")}
+    first = [start_resume_job(d, "--arrays", "--kill=step:4") for d in chains.values()]
+    for process in first:
+        finish(process, expect_killed=True)
+    # The converting rerun killed after step 5 (the end of the converted pass, before its checkpoint).
+    reference = start_resume_job(chains["converted"], "--arrays", "--batch-size=16")
+    killed = start_resume_job(chains["killed_while_converting"], "--arrays", "--batch-size=16", "--kill=step:5")
+    finish(killed, expect_killed=True)
+    rerun = start_resume_job(chains["killed_while_converting"], "--arrays", "--batch-size=16")
+    stdout = finish(rerun)
+    finish(reference)
+    assert "global_batch_size: 8 in the checkpoint, 16 now (yours; the epoch goes on at its next unread example)" in stdout
+    converted, killed_state = final_state(chains["converted"]), final_state(chains["killed_while_converting"])
+    assert int(converted["steps"]) == 3 + 2 + 2 * 3  # 24 examples left in batches of 16: 2 steps; then 3 a pass
+    for key in converted:
+        np.testing.assert_array_equal(killed_state[key], converted[key], err_msg=key)
+
+
 # ------------------------------------------------------------------ inputs other than tf.data, in process
 
 

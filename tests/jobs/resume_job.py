@@ -13,6 +13,9 @@ with status 3.
 `--async-checkpoint` writes checkpoints in the background (`async_checkpoint=True`).
 `--step-sleep=S` sleeps S seconds after each step (a run slow enough for a
 continuous evaluator to watch).
+`--arrays` trains on the arrays themselves (48 examples, `shuffle=True`, whole
+passes) in batches of `--batch-size` (default 8): a rerun with another batch
+size converts the data position.
 """
 
 import argparse
@@ -92,6 +95,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--async-checkpoint", action="store_true")
+    parser.add_argument("--arrays", action="store_true")
+    parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
 
     tf.config.experimental.enable_op_determinism()
@@ -124,8 +129,12 @@ def main():
             kill_during_save(int(value), args.model_dir)
         else:
             callbacks.append(KillAt(kind, int(value)))
+    if args.arrays:
+        inputs = dict(x=x, y=y, batch_size=args.batch_size, shuffle=True)
+    else:
+        inputs = dict(x=dataset, steps_per_epoch=4)
     try:
-        history = trainer.fit(dataset, epochs=args.epochs, steps_per_epoch=4, verbose=2, callbacks=callbacks)
+        history = trainer.fit(**inputs, epochs=args.epochs, verbose=2, callbacks=callbacks)
     except tftrain.PreemptedError as error:
         print(f"PREEMPTED step={error.step} checkpoint={error.checkpoint}: {error}")
         raise SystemExit(3) from None
