@@ -102,8 +102,9 @@ class Trainer:
             `tftrain.options.RunOptions`, which says exactly what it does.
         on_nonfinite: What a loss blow-up (NaN, infinity, or above
             `loss_spike_threshold`) does: `"stop"` raises `NonFiniteLossError`
-            (the NaN guard); `"rollback"` restores the last good checkpoint
-            of `model_dir` and goes on past the batches that caused it
+            (the NaN guard); `"rollback"` restores the newest good training
+            state kept (in memory, every `steps_per_loop` steps; needs
+            `model_dir`) and goes on past the batches that caused it
             (docs/beyond_fit.md).
         loss_spike_threshold: A loss log above this is a blow-up too.
         max_rollbacks: With `"rollback"`: rollbacks allowed in a run, then
