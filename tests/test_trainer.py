@@ -571,3 +571,17 @@ def test_the_options_that_act_together_are_taken(tmp_path):
         rollback_lr_factor=0.5, max_to_keep=2, preemption_signals=("SIGUSR1",),
         best_checkpoint_monitor="loss", best_checkpoint_mode="min", count_flops=True, peak_flops=1e12,
     )  # fmt: skip
+
+
+def test_check_options_raises_what_the_trainer_raises_without_a_model():
+    from tftrain.trainer import OPTION_NAMES, check_options
+
+    check_options(steps_per_loop=4, jit_compile="auto", model_dir="runs/a", on_nonfinite="rollback")
+    with pytest.raises(ValueError) as from_trainer:
+        tftrain.Trainer(make_mlp(), "sgd", "mse", max_rollbacks=5)
+    with pytest.raises(ValueError) as from_check:
+        check_options(max_rollbacks=5)
+    assert str(from_check.value) == str(from_trainer.value)
+    with pytest.raises(TypeError, match=r"Invalid arguments \['strategy'\]"):
+        check_options(strategy=None)
+    assert "strategy" not in OPTION_NAMES and "services" not in OPTION_NAMES and "ema_decay" in OPTION_NAMES

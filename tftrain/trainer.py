@@ -11,6 +11,8 @@ trains as under `model.fit`), or `Trainer.train_step` overridden in a subclass.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import signal
 from collections.abc import Sequence
 from typing import Any
@@ -24,9 +26,65 @@ from tftrain.engine import model_setup
 from tftrain.loops import fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
-from tftrain.options import EngineOptions, RunOptions, check_engine_options
+from tftrain.options import EngineOptions, RunOptions, check_engine_options, check_jit_compile
 from tftrain.services.loss_recovery import RecoveryPolicy, keep_every_steps_for
 from tftrain.services.protocol import Service, check_services
+
+
+def _option_objects(
+    *, use_tf_function: Any, jit_compile: Any, steps_per_loop: Any, **options: Any
+) -> tuple[EngineOptions, RunOptions, RecoveryPolicy]:
+    """The Trainer's options as their frozen objects, every check run: how steps run, what a fit writes, what a blow-up does.
+
+    Args:
+        use_tf_function, jit_compile, steps_per_loop: The engine's options
+            (`jit_compile` resolved to a bool).
+        **options: The fields of `RunOptions` and `RecoveryPolicy`, by name.
+
+    Raises:
+        TypeError, ValueError: what `Trainer(...)` raises for these values.
+    """
+    engine = EngineOptions(use_tf_function=use_tf_function, jit_compile=jit_compile, steps_per_loop=steps_per_loop)
+    run_fields = {field.name for field in dataclasses.fields(RunOptions)}
+    run = RunOptions(**{name: value for name, value in options.items() if name in run_fields})
+    check_engine_options(run, engine)
+    recovery = RecoveryPolicy(
+        **{name: value for name, value in options.items() if name not in run_fields},
+        keep_every_steps=keep_every_steps_for(engine),
+    )
+    recovery.check(model_dir=run.model_dir, terminate_on_nan=run.terminate_on_nan)
+    return engine, run, recovery
+
+
+def check_options(**options: Any) -> None:
+    """Runs the `Trainer`'s checks of its options on these values, with no model: what `Trainer(model, **options)` raises.
+
+    For programs that take the options from elsewhere (`tftrain.flags`): a
+    bad value fails with the Trainer's own message before a model is built.
+    `jit_compile="auto"` is checked as a valid value (it is resolved against
+    the model when the Trainer is made).
+
+    Args:
+        **options: `Trainer` keyword arguments, but `strategy` and
+            `services`; omitted ones take their defaults.
+
+    Raises:
+        TypeError, ValueError: a bad value or combination, as `Trainer(...)` raises it.
+    """
+    parameters = inspect.signature(Trainer.__init__).parameters
+    values = {name: parameter.default for name, parameter in parameters.items() if name in OPTION_NAMES}
+    unknown = sorted(set(options) - set(values))
+    if unknown:
+        raise TypeError(
+            f"Invalid arguments {unknown}. Expected options of `tftrain.Trainer`: {sorted(values)}."
+        )
+    values.update(options)
+    jit_compile = check_jit_compile(values.pop("jit_compile"))
+    ema.check_decay(values.pop("ema_decay"))
+    precision.check_policy(values.pop("mixed_precision"))
+    values.pop("measure_timing")
+    _option_objects(jit_compile=jit_compile is True, **values)
+
 
 # The model's step that the Trainer's default step of each kind calls.
 _MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
@@ -180,26 +238,17 @@ class Trainer:
         jit_compile = model_setup.resolve_jit_compile(
             jit_compile, model, self.strategy, use_tf_function=use_tf_function
         )
-        self.options = EngineOptions(
-            use_tf_function=use_tf_function, jit_compile=jit_compile, steps_per_loop=steps_per_loop
-        )
-        self.run_options = RunOptions(
+        self.options, self.run_options, self.recovery = _option_objects(
+            use_tf_function=use_tf_function, jit_compile=jit_compile, steps_per_loop=steps_per_loop,
             model_dir=model_dir, checkpoint_every_steps=checkpoint_every_steps, max_to_keep=max_to_keep,
             summary_every_steps=summary_every_steps, profile_steps=profile_steps,
             terminate_on_nan=terminate_on_nan, preemption_signals=preemption_signals,
             best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from, async_checkpoint=async_checkpoint,
             count_flops=count_flops, peak_flops=peak_flops, on_data_change=on_data_change,
+            on_nonfinite=on_nonfinite, loss_spike_threshold=loss_spike_threshold,
+            max_rollbacks=max_rollbacks, rollback_lr_factor=rollback_lr_factor,
         )  # fmt: skip
-        check_engine_options(self.run_options, self.options)
-        self.recovery = RecoveryPolicy(
-            on_nonfinite=on_nonfinite,
-            loss_spike_threshold=loss_spike_threshold,
-            max_rollbacks=max_rollbacks,
-            rollback_lr_factor=rollback_lr_factor,
-            keep_every_steps=keep_every_steps_for(self.options),
-        )
-        self.recovery.check(model_dir=self.run_options.model_dir, terminate_on_nan=terminate_on_nan)
         self.services = check_services(services, reserved=run_setup.BUILT_IN_NAMES)
         self.model, self.model_dir = model, self.run_options.model_dir
         self.measure_timing = bool(measure_timing)
@@ -547,3 +596,11 @@ class Trainer:
             )
         with self.averaged_weights():  # the EMA weights, with `ema_decay`
             self.model.export(filepath, **kwargs)
+
+
+OPTION_NAMES = tuple(
+    name
+    for name, parameter in inspect.signature(Trainer.__init__).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("strategy", "services")
+)
+"""The `Trainer`'s options a program may take from plain values (flags, a config): its keyword arguments but `strategy` and `services`."""

@@ -1,0 +1,141 @@
+"""`tftrain.flags`: absl flags for every Trainer option, `fit`'s budget and the strategy, checked as the Trainer checks them."""
+
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+from absl import flags as absl_flags
+from helpers import make_mlp
+
+import tftrain
+from tftrain import flags
+from tftrain.trainer import OPTION_NAMES
+
+PROGRAM = os.path.join(os.path.dirname(__file__), "..", "examples", "flags_program.py")
+
+
+def parsed(*argv, **define):
+    """A fresh flag registry with the Trainer's flags defined (`define`: `define_trainer_flags` arguments), parsed from `argv`."""
+    values = absl_flags.FlagValues()
+    flags.define_trainer_flags(flag_values=values, **define)
+    values(["program", *argv])
+    return values
+
+
+def test_every_option_budget_and_strategy_argument_gets_a_flag_with_its_default():
+    values = parsed()
+    expected = list(OPTION_NAMES) + list(flags.BUDGET_NAMES) + list(flags.STRATEGY_NAMES)
+    assert [name for name in expected if name not in values] == []
+    defaults = {name: p.default for name, p in inspect.signature(tftrain.Trainer.__init__).parameters.items()}
+    kwargs = flags.trainer_kwargs(flag_values=values)
+    assert sorted(kwargs) == sorted(OPTION_NAMES)
+    for name, value in kwargs.items():
+        expected_default = defaults[name]
+        if name == "preemption_signals":
+            expected_default = tuple(signal.name for signal in expected_default)
+        assert value == expected_default, name
+    assert flags.fit_kwargs(flag_values=values) == {"epochs": 1, "total_steps": None, "validation_every_steps": None}
+
+
+def test_a_flags_help_is_its_arguments_docstring():
+    values = parsed()
+    assert values["steps_per_loop"].help.startswith("Training steps per host call, or `\"auto\"`")
+    assert values["total_steps"].help.startswith("(tftrain) A step budget")
+    assert values["use_gpu"].help.startswith("Train on the visible GPUs")
+    assert "Each of" not in values["async_checkpoint"].help
+
+
+def test_parsed_flags_make_a_trainer_with_those_options(tmp_path):
+    values = parsed(
+        "--steps_per_loop=4", "--jit_compile=false", f"--model_dir={tmp_path}", "--checkpoint_every_steps=3",
+        "--profile_steps=2,3", "--preemption_signals=SIGTERM,SIGINT", "--on_nonfinite=rollback",
+        "--rollback_lr_factor=0.5", "--ema_decay=0.9", "--epochs=2",
+    )  # fmt: skip
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", **flags.trainer_kwargs(flag_values=values))
+    assert trainer.options.steps_per_loop == 4 and trainer.options.jit_compile is False
+    assert trainer.run_options.model_dir == str(tmp_path) and trainer.run_options.profile_steps == (2, 3)
+    assert set(trainer.run_options.preemption_signals) == {2, 15}
+    assert trainer.recovery.rollback_lr_factor == 0.5 and trainer.ema_decay == 0.9
+    assert flags.fit_kwargs(flag_values=values)["epochs"] == 2
+    assert flags.trainer_kwargs(flag_values=parsed("--jit_compile=auto"))["jit_compile"] == "auto"
+
+
+@pytest.mark.parametrize(
+    "argv, kwargs",
+    [
+        (["--steps_per_loop=0"], dict(steps_per_loop=0)),
+        (["--jit_compile=maybe"], dict(jit_compile="maybe")),
+        (["--model_dir="], dict(model_dir="")),
+        (["--rollback_lr_factor=0.5"], dict(rollback_lr_factor=0.5)),
+        (["--count_flops", "--nouse_tf_function"], dict(count_flops=True, use_tf_function=False)),
+        (["--ema_decay=1.5"], dict(ema_decay=1.5)),
+        (["--mixed_precision=half"], dict(mixed_precision="half")),
+        (["--on_data_change=skip", "--model_dir=runs"], dict(on_data_change="skip", model_dir="runs")),
+    ],
+    ids=["steps", "jit", "empty_model_dir", "lr_factor_without_rollback", "flops_eagerly", "ema", "policy", "data"],
+)
+def test_a_bad_value_fails_when_parsed_with_the_trainers_message(argv, kwargs):
+    with pytest.raises((TypeError, ValueError)) as from_trainer:
+        tftrain.Trainer(make_mlp(), "sgd", "mse", **kwargs)
+    with pytest.raises(absl_flags.IllegalFlagValueError) as from_flags:
+        parsed(*argv)
+    assert str(from_trainer.value) in str(from_flags.value)
+
+
+def test_a_bad_budget_fails_when_parsed():
+    with pytest.raises(absl_flags.IllegalFlagValueError, match="Invalid value for argument `epochs`"):
+        parsed("--epochs=-1")
+    with pytest.raises(absl_flags.IllegalFlagValueError, match="Invalid value for argument `total_steps`"):
+        parsed("--total_steps=0")
+
+
+def test_a_prefix_and_a_subset_keep_clear_of_a_programs_own_flags():
+    values = absl_flags.FlagValues()
+    absl_flags.DEFINE_integer("steps_per_loop", 7, "The program's own.", flag_values=values)
+    defined = flags.define_trainer_flags(
+        prefix="trainer_", only=["steps_per_loop", "model_dir", "epochs"], exclude=["model_dir"], flag_values=values
+    )
+    assert defined == ("trainer_steps_per_loop", "trainer_epochs")
+    values(["program", "--trainer_steps_per_loop=3"])
+    assert flags.trainer_kwargs(prefix="trainer_", flag_values=values) == {"steps_per_loop": 3}
+    assert values.steps_per_loop == 7
+    with pytest.raises(ValueError, match=r"Received: names \['steps_per_lop'\]"):
+        flags.define_trainer_flags(only=["steps_per_lop"], flag_values=absl_flags.FlagValues())
+
+
+def test_a_flagfile_sets_them(tmp_path):
+    flagfile = tmp_path / "run.flags"
+    flagfile.write_text(f"--model_dir={tmp_path / 'run'}\n--steps_per_loop=2\n--epochs=3\n")
+    values = parsed(f"--flagfile={flagfile}")
+    assert flags.trainer_kwargs(flag_values=values)["steps_per_loop"] == 2
+    assert flags.fit_kwargs(flag_values=values)["epochs"] == 3
+
+
+def test_the_strategy_from_no_flag_is_the_default_strategy():
+    assert flags.strategy_from_flags(flag_values=parsed()) is tf.distribute.get_strategy()
+
+
+def test_reading_them_before_parsing_is_absls_error():
+    values = absl_flags.FlagValues()
+    flags.define_trainer_flags(flag_values=values)
+    with pytest.raises(absl_flags.UnparsedFlagAccessError):
+        flags.trainer_kwargs(flag_values=values)
+
+
+def test_the_example_program_trains_from_a_flagfile_and_refuses_a_bad_flag(tmp_path):
+    flagfile = tmp_path / "run.flags"
+    flagfile.write_text(f"--model_dir={tmp_path / 'run'}\n--steps_per_loop=2\n--epochs=2\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(
+        [sys.executable, PROGRAM, f"--flagfile={flagfile}"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained 2 epochs, 16 steps, engine graph+loop2" in done.stdout
+    assert os.path.exists(tmp_path / "run" / "run_record.json")
+    bad = subprocess.run(
+        [sys.executable, PROGRAM, "--steps_per_loop=0"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert bad.returncode != 0 and "Invalid value for argument `steps_per_loop`" in bad.stderr

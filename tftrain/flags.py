@@ -1,0 +1,255 @@
+"""absl flags for a program's Trainer: every option, `fit`'s budget and the strategy, defined from their own definitions.
+
+One call in a program's module defines a flag for each `tftrain.Trainer`
+option, named as the argument, with its default, its type (from the
+argument's annotation) and its help (from the argument's docstring): no
+second list to keep in step. Another call turns the parsed flags into the
+Trainer's keyword arguments. A bad value fails when the flags are parsed,
+with the Trainer's own check and message (`tftrain.trainer.check_options`),
+so a typo is found before a model is built, not hours into a run. absl's
+`--flagfile` reads any of them from a file.
+
+Example:
+    ```python
+    from absl import app
+
+    import tftrain
+    from tftrain import flags
+
+    flags.define_trainer_flags()
+
+    def main(argv):
+        strategy = flags.strategy_from_flags()
+        with strategy.scope():
+            model = make_model()
+        trainer = tftrain.Trainer(model, "adam", "mse", strategy=strategy, **flags.trainer_kwargs())
+        trainer.fit(x, y, **flags.fit_kwargs())
+
+    app.run(main)
+    ```
+
+Library code still takes plain arguments: only a program's `main` reads flags.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import signal
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from absl import flags as absl_flags
+
+from tftrain import distribute
+from tftrain.options import check_int
+from tftrain.trainer import OPTION_NAMES, Trainer, check_options
+
+__all__ = [
+    "BUDGET_NAMES",
+    "STRATEGY_NAMES",
+    "define_trainer_flags",
+    "fit_kwargs",
+    "strategy_from_flags",
+    "trainer_kwargs",
+]
+
+BUDGET_NAMES = ("epochs", "total_steps", "validation_every_steps")
+"""`Trainer.fit`'s arguments that set a run's budget, defined as flags too."""
+
+STRATEGY_NAMES = ("use_gpu", "use_tpu", "tpu", "num_cpu_devices")
+"""`tftrain.distribute.setup_strategy`'s arguments defined as flags (TF_CONFIG is read from the environment)."""
+
+
+def _arg_help(function: Any) -> dict[str, str]:
+    """Each argument's text in a Google-style docstring's `Args:` section, whitespace collapsed."""
+    doc = inspect.getdoc(function) or ""
+    section = re.search(r"^Args:\n(.*?)(?:^\S|\Z)", doc, flags=re.MULTILINE | re.DOTALL)
+    if section is None:
+        return {}
+    helps: dict[str, str] = {}
+    name = None
+    for line in section.group(1).splitlines():
+        entry = re.match(r"^    (\w+)(?: \([^)]*\))?: (.*)$", line)
+        if entry:
+            name, text = entry.groups()
+            helps[name] = text
+        elif name is not None and line.strip():
+            helps[name] += " " + line.strip()
+    # The Trainer's docstring groups arguments by the options object that holds them: not a flag's help.
+    grouping = re.compile(r"\s*Each of `\w+` to here is a field of\s+`[\w.]+`(, which says exactly what it does)?\.")
+    return {name: grouping.sub("", text) for name, text in helps.items()}
+
+
+def _parse_bool_or_auto(raw: Any) -> Any:
+    text = str(raw).strip().lower()
+    return {"true": True, "false": False, "auto": "auto"}.get(text, raw)
+
+
+def _parse_int_or_auto(raw: Any) -> Any:
+    text = str(raw).strip()
+    return int(text) if re.fullmatch(r"-?\d+", text) else text
+
+
+def _parse_int_pair(raw: Any) -> Any:
+    if raw is None:
+        return None
+    parts = [str(part).strip() for part in raw]
+    return tuple(int(part) for part in parts) if all(re.fullmatch(r"-?\d+", p) for p in parts) else tuple(parts)
+
+
+def _parse_signals(raw: Any) -> Any:
+    return tuple(int(part) if str(part).isdigit() else str(part).strip() for part in raw or ())
+
+
+# How a flag of each annotation is defined and read: (absl's DEFINE function, flag default from
+# the argument's default, value from the parsed flag).
+_KINDS: dict[str, tuple[Callable[..., Any], Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "bool": (absl_flags.DEFINE_boolean, lambda default: default, lambda raw: raw),
+    "int": (absl_flags.DEFINE_integer, lambda default: default, lambda raw: raw),
+    "int | None": (absl_flags.DEFINE_integer, lambda default: default, lambda raw: raw),
+    "float": (absl_flags.DEFINE_float, lambda default: default, lambda raw: raw),
+    "float | None": (absl_flags.DEFINE_float, lambda default: default, lambda raw: raw),
+    "str": (absl_flags.DEFINE_string, lambda default: default, lambda raw: raw),
+    "str | None": (absl_flags.DEFINE_string, lambda default: default, lambda raw: raw),
+    "bool | str": (absl_flags.DEFINE_string, lambda default: str(default).lower(), _parse_bool_or_auto),
+    "int | str": (absl_flags.DEFINE_string, str, _parse_int_or_auto),
+    "tuple[int, int] | None": (absl_flags.DEFINE_list, lambda default: default, _parse_int_pair),
+    # `preemption_signals`: signal names or numbers.
+    "Any": (
+        absl_flags.DEFINE_list,
+        lambda default: [signal.Signals(number).name for number in default],
+        _parse_signals,
+    ),
+}
+
+
+def _parameters(function: Any, names: Iterable[str]) -> dict[str, inspect.Parameter]:
+    parameters = inspect.signature(function).parameters
+    return {name: parameters[name] for name in names}
+
+
+def _groups() -> dict[str, tuple[Any, dict[str, inspect.Parameter]]]:
+    """The flags' sources: the Trainer's options, `fit`'s budget, the strategy's setup; each with its docstring's owner."""
+    return {
+        "trainer": (Trainer, _parameters(Trainer.__init__, OPTION_NAMES)),
+        "budget": (Trainer.fit, _parameters(Trainer.fit, BUDGET_NAMES)),
+        "strategy": (distribute.setup_strategy, _parameters(distribute.setup_strategy, STRATEGY_NAMES)),
+    }
+
+
+def _kind(parameter: inspect.Parameter) -> tuple[Callable[..., Any], Callable[[Any], Any], Callable[[Any], Any]]:
+    return _KINDS[str(parameter.annotation)]
+
+
+def define_trainer_flags(
+    *,
+    prefix: str = "",
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    flag_values: absl_flags.FlagValues = absl_flags.FLAGS,
+) -> tuple[str, ...]:
+    """Defines an absl flag for each `Trainer` option, `fit`'s budget and the strategy's setup.
+
+    Each flag is named as its argument (after `prefix`), with the
+    argument's default, type and docstring; `--helpfull` lists them under
+    this module. A bad value (or combination) fails when the flags are
+    parsed, with the message `tftrain.Trainer(...)` would give
+    (`tftrain.trainer.check_options`).
+
+    Args:
+        prefix: Put before each flag's name (e.g. `"trainer_"`), to keep
+            clear of a program's own flags.
+        only: Define only these (argument names); None: all of them
+            (`tftrain.trainer.OPTION_NAMES`, `BUDGET_NAMES`, `STRATEGY_NAMES`).
+        exclude: Argument names not to define (a program that sets them itself).
+        flag_values: The registry to define them in (absl's global `FLAGS` by default).
+
+    Returns:
+        The names of the flags defined.
+
+    Raises:
+        ValueError: `only` or `exclude` names an argument that is none of these.
+    """
+    groups = _groups()
+    known = [name for _, parameters in groups.values() for name in parameters]
+    chosen = list(known if only is None else only)
+    unknown = sorted(set(chosen) - set(known)) + sorted(set(exclude) - set(known))
+    if unknown:
+        raise ValueError(
+            f"Invalid value for argument `only`/`exclude`. Received: names {unknown}, which are no Trainer "
+            f"option, fit budget or strategy argument. Expected some of {known}."
+        )
+    chosen = [name for name in chosen if name not in set(exclude)]
+    defined = []
+    for owner, parameters in groups.values():
+        helps = _arg_help(owner)
+        for name, parameter in parameters.items():
+            if name not in chosen:
+                continue
+            define, flag_default, _ = _kind(parameter)
+            help_text = helps.get(name, f"`{name}` of `tftrain.Trainer`.")
+            define(prefix + name, flag_default(parameter.default), help_text, flag_values=flag_values)
+            defined.append(prefix + name)
+    _register_checks(prefix, tuple(defined), flag_values)
+    return tuple(defined)
+
+
+def _values(group: str, prefix: str, flag_values: absl_flags.FlagValues, raw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The arguments of one group that have flags, read as the arguments' types (`raw`: flag name -> value, else the parsed flags)."""
+    _, parameters = _groups()[group]
+    values = {}
+    for name, parameter in parameters.items():
+        flag = prefix + name
+        if raw is not None:
+            if flag in raw:
+                values[name] = _kind(parameter)[2](raw[flag])
+        elif flag in flag_values:
+            values[name] = _kind(parameter)[2](getattr(flag_values, flag))  # absl's error if not parsed yet
+    return values
+
+
+def _register_checks(prefix: str, defined: tuple[str, ...], flag_values: absl_flags.FlagValues) -> None:
+    """Checks the flags as the Trainer and `fit` check their arguments, when the flags are parsed."""
+
+    def check(raw: dict[str, Any]) -> bool:
+        try:
+            check_options(**_values("trainer", prefix, flag_values, raw))
+            budget = _values("budget", prefix, flag_values, raw)
+            if "epochs" in budget:
+                check_int("epochs", budget["epochs"], 0)
+            for name in ("total_steps", "validation_every_steps"):
+                if name in budget:
+                    check_int(name, budget[name], optional=True)
+        except (TypeError, ValueError) as error:
+            raise absl_flags.ValidationError(str(error)) from error
+        return True
+
+    if defined:
+        absl_flags.register_multi_flags_validator(list(defined), check, flag_values=flag_values)
+
+
+def trainer_kwargs(*, prefix: str = "", flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> dict[str, Any]:
+    """The parsed flags as `Trainer` keyword arguments (those defined by `define_trainer_flags`).
+
+    Example:
+        `tftrain.Trainer(model, optimizer, loss, **flags.trainer_kwargs())`
+
+    Raises:
+        absl.flags.UnparsedFlagAccessError: the flags are not parsed yet (call it in `main`).
+    """
+    return _values("trainer", prefix, flag_values)
+
+
+def fit_kwargs(*, prefix: str = "", flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> dict[str, Any]:
+    """The parsed budget flags (`epochs`, `total_steps`, `validation_every_steps`) as `Trainer.fit` keyword arguments."""
+    return _values("budget", prefix, flag_values)
+
+
+def strategy_from_flags(*, prefix: str = "", flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> Any:
+    """The strategy the parsed flags ask for: `tftrain.distribute.setup_strategy` with them (TF_CONFIG from the environment).
+
+    Returns:
+        The `tf.distribute.Strategy` (the default strategy when no flag asks for another).
+    """
+    return distribute.setup_strategy(**_values("strategy", prefix, flag_values))
