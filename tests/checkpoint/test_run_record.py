@@ -132,3 +132,28 @@ def test_the_readable_copy_keeps_every_change_taken(tmp_path):
 
 def test_the_refusal_is_a_run_changed_error():
     assert issubclass(RunChangedError, IncompatibleCheckpointError)
+
+
+def test_orders_recorded_from_several_threads_leave_tensorflows_shuffle_as_it_was():
+    import threading
+
+    import tensorflow as tf
+
+    from tftrain.data.epoch_order import EpochOrder
+
+    original = tf.random.shuffle
+    data = inputs.adapt(np.zeros((16, 2), "float32"), np.zeros((16,), "float32"), batch_size=4, shuffle=True)
+
+    recorded = []
+
+    def record_orders():
+        for _ in range(10):
+            recorded.append(EpochOrder(data.adapter).recording_dataset() is not None)
+
+    threads = [threading.Thread(target=record_orders) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert recorded == [True] * 30
+    assert tf.random.shuffle is original

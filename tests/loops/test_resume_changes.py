@@ -309,3 +309,66 @@ def test_on_data_change_next_epoch_mid_epoch_leaves_the_rest_of_that_epoch(tmp_p
     history = resumed.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=2, verbose=0)
     assert int(resumed.optimizer.iterations) == 3 + 4  # epoch 2 on the new data; epoch 1's last 5 steps not trained
     assert len(history.history["loss"]) == 1
+
+
+def test_a_loss_keras_cannot_serialize_trains_and_resumes(tmp_path):
+    import functools
+
+    def scaled_mse(y_true, y_pred, scale):
+        return scale * keras.losses.mean_squared_error(y_true, y_pred)
+
+    x, y = _data()
+    for epochs in (1, 2):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        trainer = tftrain.Trainer(
+            model, keras.optimizers.SGD(0.1), functools.partial(scaled_mse, scale=2.0), model_dir=str(tmp_path)
+        )
+        trainer.fit(x, y, batch_size=8, epochs=epochs, verbose=0)
+    assert int(trainer.optimizer.iterations) == 16
+    record = json.loads((tmp_path / "run_record.json").read_text())["record"]
+    assert record["loss"]["partial"].endswith("scaled_mse") and record["loss"]["keywords"] == {"scale": 2.0}
+
+
+def test_metrics_keras_numbers_in_one_process_are_no_change(tmp_path):
+    x, y = _data()
+    labels = (y > y.mean()).astype("float32")
+    for epochs in (1, 2):  # the second AUC() of the process is `auc_1`
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+        trainer = tftrain.Trainer(model, "sgd", "binary_crossentropy", metrics=[keras.metrics.AUC()],
+                                  model_dir=str(tmp_path))  # fmt: skip
+        trainer.fit(x, labels, batch_size=8, epochs=epochs, verbose=0)
+    assert int(trainer.optimizer.iterations) == 16
+    assert json.loads((tmp_path / "run_record.json").read_text())["changes"][-1]["key"] == "epochs"
+
+
+def test_another_metric_is_refused_naming_where_it_differs(tmp_path):
+    x, y = _data()
+    labels = (y > y.mean()).astype("float32")
+    for curve in ("ROC", "PR"):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+        trainer = tftrain.Trainer(model, "sgd", "binary_crossentropy", metrics=[keras.metrics.AUC(curve=curve)],
+                                  model_dir=str(tmp_path))  # fmt: skip
+        if curve == "ROC":
+            trainer.fit(x, labels, batch_size=8, epochs=1, verbose=0)
+    with pytest.raises(RunChangedError, match=r"metrics\[0\]\[0\]\.config\.curve: ROC in the checkpoint, PR now"):
+        trainer.fit(x, labels, batch_size=8, epochs=2, verbose=0)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_shuffling_switched_mid_epoch_is_refused(tmp_path, shuffle):
+    x, y = _indexed_data()
+    first = _recording_trainer(tmp_path, checkpoint_every_steps=3, fail_at=5)
+    with pytest.raises(_Stop):
+        first.fit(x, y, batch_size=8, epochs=2, shuffle=shuffle, verbose=0)
+    before, after = ("shuffled", "in order") if shuffle else ("in order", "shuffled")
+    with pytest.raises(RunChangedError, match=f"data.order: {before} in the checkpoint, {after} now"):
+        _recording_trainer(tmp_path).fit(x, y, batch_size=8, epochs=2, shuffle=not shuffle, verbose=0)
+
+
+def test_a_schedule_instead_of_a_float_rate_is_refused_naming_the_learning_rate(tmp_path):
+    x, y = _data()
+    _trainer(tmp_path, keras.optimizers.Adam(0.01)).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)
+    with pytest.raises(RunChangedError, match="learning_rate: 0.01 in the checkpoint"):
+        _trainer(tmp_path, keras.optimizers.Adam(schedule)).fit(x, y, batch_size=8, epochs=2, verbose=0)

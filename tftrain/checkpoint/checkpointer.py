@@ -218,13 +218,14 @@ class Checkpointer:
         Args:
             iterator: The training iterator the run will read from; its state
                 is restored where the checkpoint saved one.
-            prepare: Instead of `iterator`: called once, with the first
-                checkpoint that validates (`ValidatedCheckpoint`: its path,
-                services' states, saved `Progress` and reader), before
-                anything is restored; returns the iterator to restore (the
-                data pipeline built as that checkpoint saved its position),
-                or None to restore none. It may raise to refuse the
-                checkpoint (nothing is restored then).
+            prepare: Instead of `iterator`: called with each checkpoint
+                that validates (`ValidatedCheckpoint`: its path, services'
+                states, saved `Progress` and reader), before anything of it
+                is restored (again for an older one, if restoring this one
+                fails); returns the iterator to restore (the data pipeline
+                built as that checkpoint saved its position), or None to
+                restore none. It may raise to refuse the checkpoint
+                (nothing is restored then).
 
         Returns:
             The restored progress, or None if the directory holds no
@@ -258,7 +259,7 @@ class Checkpointer:
                 damaged(path, error)
                 continue
             if prepare is not None:  # its errors are the pipeline's (or the run record's), not the checkpoint's
-                iterator, prepare = prepare(ValidatedCheckpoint(path, states, saved_progress(reader), reader)), None
+                iterator = prepare(ValidatedCheckpoint(path, states, saved_progress(reader), reader))
             try:
                 progress = self._restore_from(path, reader, iterator)
             except IncompatibleCheckpointError:

@@ -29,10 +29,13 @@ The record is a flat dict of JSON values keyed by dotted names
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import logging
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,7 +87,7 @@ _REFUSED_BECAUSE = {
 _LAYER_NAMES = "model.layer_names"
 
 # Keys that describe the training data: taken at an epoch boundary, refused mid-epoch.
-_DATA_KEYS = ("data.global_batch_size", "data.examples", "data.batches_per_pass", "data.element_spec")
+_DATA_KEYS = ("data.global_batch_size", "data.examples", "data.batches_per_pass", "data.element_spec", "data.order")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,21 @@ class Change:
         if self.key == "model.layers":
             return f"the model's layers: {_layer_difference(self.saved, self.now, self.names)}"
         name = self.key.removeprefix("optimizer.")
-        return f"{name}: {_show(self.saved)} in the checkpoint, {_show(self.now)} now"
+        where, saved, now = _first_difference(self.saved, self.now)
+        return f"{name}{where}: {_show(saved)} in the checkpoint, {_show(now)} now"
+
+
+def _first_difference(saved: Any, now: Any, where: str = "") -> tuple[str, Any, Any]:
+    """Where two nested values first differ (`[0].config.curve`), and the parts there."""
+    if isinstance(saved, list) and isinstance(now, list) and len(saved) == len(now):
+        for index, (before, after) in enumerate(zip(saved, now, strict=True)):
+            if before != after:
+                return _first_difference(before, after, f"{where}[{index}]")
+    if isinstance(saved, dict) and isinstance(now, dict) and set(saved) == set(now):
+        for key in sorted(saved):
+            if saved[key] != now[key]:
+                return _first_difference(saved[key], now[key], f"{where}.{key}")
+    return where, saved, now
 
 
 def _layer_difference(saved: list[str], now: list[str], names: tuple[str, ...]) -> str:
@@ -210,7 +227,7 @@ def _layers_record(model: keras.Model) -> list[str]:
     return described
 
 
-def _data_record(dataset: Any, adapter: Any) -> dict[str, Any]:
+def _data_record(dataset: Any, adapter: Any, shuffled: bool | None) -> dict[str, Any]:
     """The data's global batch size, examples and batches per pass, and element spec, where known."""
     batch_size = getattr(adapter, "batch_size", None)
     examples = examples_in(adapter)
@@ -224,6 +241,7 @@ def _data_record(dataset: Any, adapter: Any) -> dict[str, Any]:
         "data.global_batch_size": batch_size,
         "data.examples": examples,
         "data.batches_per_pass": batches,
+        "data.order": None if shuffled is None else ("shuffled" if shuffled else "in order"),
         "data.element_spec": _plain(_describe_spec(spec)),
     }
 
@@ -240,6 +258,7 @@ def build(
     dataset: Any,
     adapter: Any,
     replicas: int,
+    shuffled: bool | None = None,
     settings: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The record of a `fit` call: what its results depend on, as JSON values keyed by dotted names.
@@ -250,6 +269,9 @@ def build(
         adapter: Keras's data adapter of the training input (its batch size and
             examples, for arrays), or None.
         replicas: Replicas in sync (the global batch is split over them).
+        shuffled: For array inputs whose position is kept in examples: whether
+            each pass is shuffled (another order mid-epoch cannot continue
+            the saved position). None: not recorded.
         settings: The Trainer options that change the math and the call's
             target (`epochs`, `total_steps`), by name.
 
@@ -257,12 +279,9 @@ def build(
         The record.
     """
     record = _optimizer_record(getattr(model, "optimizer", None))
-    compiled = model.get_compile_config() if getattr(model, "compiled", False) else None
-    compiled = compiled or {}
-    record["loss"] = _plain(compiled.get("loss"))
-    record["metrics"] = _plain([compiled.get("metrics"), compiled.get("weighted_metrics")])
+    record.update(_compiled_record(model))
     record.update(built_fields(model))
-    record.update(_data_record(dataset, adapter))
+    record.update(_data_record(dataset, adapter, shuffled))
     record["replicas"] = int(replicas)
     record["dtype_policy"] = model.dtype_policy.name
     record.update({key: _plain(value) for key, value in settings.items()})
@@ -270,6 +289,49 @@ def build(
     record["versions.tensorflow"] = tf.__version__
     record["versions.keras"] = keras.__version__
     return record
+
+
+def _compiled_record(model: keras.Model) -> dict[str, Any]:
+    """The compiled loss and metrics as Keras serializes them, without the names Keras numbers per process.
+
+    A second `AUC()` made in one process is `auc_1`: the same metric, not a
+    change. What Keras cannot serialize (a `functools.partial` loss, a lambda
+    whose source cannot be read) is described by its class or function
+    instead, and metrics are then not compared: the record never stops a `fit`.
+    """
+    if not getattr(model, "compiled", False):
+        return {"loss": None, "metrics": None}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras warns of a lambda it serializes
+            compiled = model.get_compile_config() or {}
+    except Exception:  # any serialization failure: a description the record can still compare
+        return {"loss": _described(getattr(model, "loss", None)), "metrics": None}
+    return {
+        "loss": _without_names(_plain(compiled.get("loss"))),
+        "metrics": _without_names(_plain([compiled.get("metrics"), compiled.get("weighted_metrics")])),
+    }
+
+
+def _without_names(value: Any) -> Any:
+    """A serialized Keras config with every `name` left out (Keras numbers unnamed objects per process)."""
+    if isinstance(value, dict):
+        return {key: _without_names(item) for key, item in value.items() if key != "name"}
+    if isinstance(value, list):
+        return [_without_names(item) for item in value]
+    return value
+
+
+def _described(value: Any) -> Any:
+    """A loss Keras cannot serialize, as its function's or class's name (a partial: its function's, and its arguments)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, functools.partial):
+        return {"partial": _described(value.func), "args": _plain(list(value.args)), "keywords": _plain(value.keywords)}
+    if isinstance(value, list | tuple | dict):
+        return _plain(value)
+    target = value if inspect.isfunction(value) or inspect.isclass(value) else type(value)
+    return f"{target.__module__}.{target.__qualname__}"
 
 
 def built_fields(model: keras.Model) -> dict[str, Any]:
@@ -358,7 +420,13 @@ def _consequences_dropped(taken: list[Change], refused: list[Change]) -> tuple[t
     if "optimizer.variables" in keys and "model.layers" in keys:
         refused = [c for c in refused if c.key != "optimizer.variables"]
     elif "optimizer.variables" in keys:
-        causes = [c for c in taken if c.key.startswith("optimizer.") and c.key != "optimizer.learning_rate"]
+        causes = [
+            c
+            for c in taken
+            if c.key.startswith("optimizer.")
+            # a new rate keeps the variables; a schedule instead of a float (or back) does not
+            and (c.key != "optimizer.learning_rate" or isinstance(c.saved, dict) != isinstance(c.now, dict))
+        ]
         if causes:
             taken = [c for c in taken if c not in causes]
             refused = [c for c in refused if c.key != "optimizer.variables"]

@@ -14,6 +14,7 @@ import atexit
 import functools
 import importlib
 import inspect
+import threading
 import types
 import warnings
 from typing import Any
@@ -289,6 +290,9 @@ def get_data_adapter(**kwargs: Any) -> Any:
     return function(**kwargs)
 
 
+_SHUFFLE_WRAPPED = threading.Lock()
+
+
 def array_dataset_with_order(adapter: Any, num_samples: int, order: Any) -> tf.data.Dataset:
     """Keras's array pipeline (`adapter.get_tf_dataset()`) with each pass's order passed through `order`.
 
@@ -310,19 +314,21 @@ def array_dataset_with_order(adapter: Any, num_samples: int, order: Any) -> tf.d
         The batched dataset, as `adapter.get_tf_dataset()` returns it.
     """
     random = tf.random  # the module object Keras's adapter reaches (an import by name may load another)
-    shuffle = random.shuffle
+    owner = threading.get_ident()
 
     def shuffle_through_order(value: Any, seed: Any = None, name: Any = None) -> Any:
         drawn = shuffle(value, seed=seed, name=name)
-        if drawn.shape.rank == 1 and drawn.shape[0] == num_samples:
+        if threading.get_ident() == owner and drawn.shape.rank == 1 and drawn.shape[0] == num_samples:
             return order(drawn)
         return drawn
 
-    random.shuffle = shuffle_through_order  # the one module Keras's adapter calls through
-    try:
-        return adapter.get_tf_dataset()
-    finally:
-        random.shuffle = shuffle
+    with _SHUFFLE_WRAPPED:  # one wrap at a time: a second thread must not save the first's wrapper as the original
+        shuffle = random.shuffle
+        random.shuffle = shuffle_through_order  # the one module Keras's adapter calls through
+        try:
+            return adapter.get_tf_dataset()
+        finally:
+            random.shuffle = shuffle
 
 
 def train_validation_split(arrays: Any, validation_split: float) -> Any:

@@ -248,5 +248,6 @@ def _run_record(owner: StepOwner, call: FitCall) -> dict[str, Any]:
         dataset=call.plan.dataset,
         adapter=call.plan.data.adapter,
         replicas=owner.engines.strategy.num_replicas_in_sync,
+        shuffled=call.plan.order is not None if call.plan.position is not None else None,
         settings=settings,
     )

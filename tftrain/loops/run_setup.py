@@ -358,6 +358,8 @@ def _restore(
         order), and the resumed pass reads the rest of its examples in that
         order (step 5).
         """
+        for found in (modes, comparisons, saved_orders, next_epoch):
+            found.clear()  # called again for an older checkpoint where restoring a newer one failed
         states = validated.states if validated is not None else None
         mid_pass = validated is not None and (validated.progress.step_in_epoch > 0 or validated.progress.batches_in_pass > 0)
         if record is not None and validated is not None:
