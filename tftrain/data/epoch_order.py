@@ -119,10 +119,22 @@ class ArrayPosition:
         """A fresh pass starts: its iterator reads from its first example."""
         self._offset = (0, 0)
 
-    def examples_read(self, batches_in_pass: int) -> int:
-        """Examples of the pass read once `batches_in_pass` of its batches were."""
-        examples, batches = self._offset
-        return min(self.num_samples, examples + (batches_in_pass - batches) * self.batch_size)
+    @property
+    def offset(self) -> tuple[int, int]:
+        """The examples and batches of the current pass read before its iterator started ((0, 0) for a fresh pass)."""
+        return self._offset
+
+    def examples_read(self, batches_in_pass: int, offset: tuple[int, int] | None = None, batch_size: int | None = None) -> int:
+        """Examples of a pass read once `batches_in_pass` of its batches were.
+
+        Args:
+            batches_in_pass: Batches read from the pass.
+            offset: Where its iterator started (`offset`; None: this pass's).
+            batch_size: Its batches' size (None: this call's).
+        """
+        examples, batches = offset if offset is not None else self._offset
+        size = batch_size if batch_size is not None else self.batch_size
+        return min(self.num_samples, examples + (batches_in_pass - batches) * size)
 
     def rest_of_pass(self, source: tf.data.Dataset, examples: int, batches_in_pass: int) -> tuple[tf.data.Dataset, int]:
         """The batches of a pass after its first `examples`, in this call's batch size, and how many there are.

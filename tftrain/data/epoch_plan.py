@@ -139,10 +139,6 @@ class EpochPlan:
         self._iterator = self._make_iterator(rest)
         self._pass_batches = batches_in_pass + count
 
-    def examples_in_pass(self, batches_in_pass: int) -> int | None:
-        """Examples of the current pass read after `batches_in_pass` of its batches (None: not kept)."""
-        return self.position.examples_read(batches_in_pass) if self.position is not None else None
-
     def _current_pass_batches(self) -> int | None:
         return self._pass_batches if self._pass_batches is not None else self._batches_per_pass
 

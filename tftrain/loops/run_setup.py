@@ -404,15 +404,13 @@ def _restore(
 def _examples_read(
     states: dict[str, Any], restored: checkpoint_lib.Progress, comparison: run_record.Comparison, plan: EpochPlan
 ) -> int:
-    """Examples of the pass the checkpointed run had read: saved with it, or its batches times its batch size."""
-    saved = states.get("data", {}).get("examples_in_pass")
-    if saved is not None:
-        return int(saved)
+    """Examples of the pass the checkpointed run had read: from its batches read, its batch size and where its iterator started."""
+    offset = tuple(states.get("data", {}).get("pass_offset", (0, 0)))
     batch_size = next(
         (change.saved for change in comparison.taken if change.key == "data.global_batch_size"),
         plan.position.batch_size,
     )
-    return restored.batches_in_pass * int(batch_size)
+    return plan.position.examples_read(restored.batches_in_pass, offset, int(batch_size))
 
 
 def _add_model_dir_services(
@@ -433,7 +431,7 @@ def _add_model_dir_services(
     options, place, chief, model_dir = where.options, where.place, where.chief, where.path
     step = restored.global_step if restored is not None else 0
     if data_mode is not None:
-        services.append(DataCheckpointService(data_mode, plan.examples_in_pass if plan.position is not None else None))
+        services.append(DataCheckpointService(data_mode, plan.position))
     if chief and window is not None:
         services.append(ProfilerService(summaries.ProfileWindow(where.layout.train, window)))
         if step > window[0] - 1:

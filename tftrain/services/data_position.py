@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from tftrain.services.protocol import RunState, Service
+from tftrain.data.epoch_order import ArrayPosition
+from tftrain.services.protocol import Service
 
 
 class DataCheckpointService(Service):
@@ -13,32 +13,21 @@ class DataCheckpointService(Service):
 
     Args:
         mode: `"symbolic"`, `"position"` or `"full"`.
-        examples_in_pass: For array inputs: batches read in the pass -> examples
-            read (`EpochPlan.examples_in_pass`), saved too, so a resume with
-            another batch size goes on at the next unread example. None: the
-            position is a batch count alone.
+        position: For array inputs, their position: where the current pass's
+            iterator started (`ArrayPosition.offset`, not (0, 0) after a
+            resume in another batch size) is saved too, so a resume finds
+            the examples read from the batches read. None: the position is
+            a batch count alone.
     """
 
     name = "data"
 
-    def __init__(self, mode: str, examples_in_pass: Callable[[int], int | None] | None = None):
+    def __init__(self, mode: str, position: ArrayPosition | None = None):
         self.mode = mode
-        self._examples_in_pass = examples_in_pass
-        self._examples: int | None = None
-
-    def after_call(self, run: RunState, result: Any) -> None:
-        self._note_position(run)
-
-    def end_epoch(self, run: RunState, logs: dict[str, Any]) -> None:
-        self._note_position(run)  # before the checkpoint service saves (it runs after this one)
-
-    def _note_position(self, run: RunState) -> None:
-        if self._examples_in_pass is not None:
-            _, batches = run.data_position()
-            self._examples = self._examples_in_pass(batches)
+        self.position = position
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"checkpoint": self.mode}
-        if self._examples is not None:
-            state["examples_in_pass"] = self._examples
+        if self.position is not None:
+            state["pass_offset"] = list(self.position.offset)
         return state
