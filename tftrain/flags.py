@@ -36,7 +36,7 @@ from __future__ import annotations
 import inspect
 import re
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from absl import flags as absl_flags
@@ -148,6 +148,7 @@ def define_trainer_flags(
     only: Iterable[str] | None = None,
     exclude: Iterable[str] = (),
     flag_values: absl_flags.FlagValues = absl_flags.FLAGS,
+    program_values: Callable[[], Mapping[str, Any]] | None = None,
 ) -> tuple[str, ...]:
     """Defines an absl flag for each `Trainer` option, `fit`'s budget and the strategy's setup.
 
@@ -164,6 +165,12 @@ def define_trainer_flags(
             (`tftrain.trainer.OPTION_NAMES`, `BUDGET_NAMES`, `STRATEGY_NAMES`).
         exclude: Argument names not to define (a program that sets them itself).
         flag_values: The registry to define them in (absl's global `FLAGS` by default).
+        program_values: For a program that sets options of `exclude` itself,
+            from flags of its own: returns those options' values (argument
+            name -> value) when the flags are parsed, so that the check sees
+            the options the Trainer will get (`--on_nonfinite=rollback` needs
+            the program's `model_dir`), e.g.
+            `lambda: {"model_dir": FLAGS["model_dir"].value}`.
 
     Returns:
         The names of the flags defined.
@@ -191,7 +198,7 @@ def define_trainer_flags(
             help_text = helps.get(name, f"`{name}` of `tftrain.Trainer`.")
             define(prefix + name, flag_default(parameter.default), help_text, flag_values=flag_values)
             defined.append(prefix + name)
-    _register_checks(prefix, tuple(defined), flag_values)
+    _register_checks(prefix, tuple(defined), flag_values, program_values)
     return tuple(defined)
 
 
@@ -209,12 +216,18 @@ def _values(group: str, prefix: str, flag_values: absl_flags.FlagValues, raw: di
     return values
 
 
-def _register_checks(prefix: str, defined: tuple[str, ...], flag_values: absl_flags.FlagValues) -> None:
+def _register_checks(
+    prefix: str,
+    defined: tuple[str, ...],
+    flag_values: absl_flags.FlagValues,
+    program_values: Callable[[], Mapping[str, Any]] | None,
+) -> None:
     """Checks the flags as the Trainer and `fit` check their arguments, when the flags are parsed."""
 
     def check(raw: dict[str, Any]) -> bool:
         try:
-            check_options(**_values("trainer", prefix, flag_values, raw))
+            program = dict(program_values()) if program_values is not None else {}
+            check_options(**{**program, **_values("trainer", prefix, flag_values, raw)})
             budget = _values("budget", prefix, flag_values, raw)
             if "epochs" in budget:
                 check_int("epochs", budget["epochs"], 0)
