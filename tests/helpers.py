@@ -183,3 +183,57 @@ def run_result_script(script: str, timeout: float) -> dict:
     assert completed.returncode == 0, completed.stderr[-3000:]
     line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
+
+
+class TensorBoardServer:
+    """A real `tensorboard --logdir` on a free local port, for tests that read its plugins' data over HTTP.
+
+    Use as a context manager; `post(route, body)` sends a JSON request to a
+    plugin route (e.g. `"/data/plugin/hparams/experiment"`) and returns the
+    decoded answer. The process is stopped on exit.
+    """
+
+    def __init__(self, logdir: str, timeout_s: float = 60.0):
+        self.logdir = logdir
+        self.timeout_s = timeout_s
+        self.url = None
+        self._process = None
+
+    def __enter__(self) -> "TensorBoardServer":
+        import re
+        import tempfile
+        import time
+
+        command = [
+            sys.executable, "-m", "tensorboard.main", "--logdir", self.logdir, "--host", "127.0.0.1",
+            "--port", "0", "--load_fast", "false", "--reload_interval", "1",
+        ]  # fmt: skip
+        # Its output goes to a file: a pipe nobody reads would block it once full.
+        self._log = tempfile.NamedTemporaryFile("w+", suffix=".log")
+        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline and self._process.poll() is None:
+            found = re.search(r"(http://127\.0\.0\.1:\d+)/", open(self._log.name).read())
+            if found:
+                self.url = found.group(1)
+                return self
+            time.sleep(0.2)
+        output = open(self._log.name).read()
+        self.__exit__(None, None, None)
+        raise RuntimeError("tensorboard did not start:\n" + output[-3000:])
+
+    def __exit__(self, *exc_info) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(timeout=30)
+            self._process = None
+            self._log.close()
+
+    def post(self, route: str, body: dict) -> dict:
+        import urllib.request
+
+        request = urllib.request.Request(
+            self.url + route, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())

@@ -1,6 +1,7 @@
 """`tftrain.flags`: absl flags for every Trainer option, `fit`'s budget and the strategy, checked as the Trainer checks them."""
 
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -125,6 +126,24 @@ def test_reading_them_before_parsing_is_absls_error():
         flags.trainer_kwargs(flag_values=values)
 
 
+def test_with_a_model_dir_the_options_hold_the_programs_flags_and_command_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train.py", "--temperature=0.5"])
+    values = absl_flags.FlagValues()
+    absl_flags.DEFINE_float("temperature", 0.1, "The loss's temperature.", flag_values=values)
+    absl_flags.DEFINE_list("sizes", ["8", "4"], "Layer sizes.", flag_values=values)
+    absl_flags.DEFINE_string("note", None, "A note.", flag_values=values)
+    flags.define_trainer_flags(flag_values=values)
+    values(["train.py", "--temperature=0.5", f"--model_dir={tmp_path}"])
+    hparams = flags.trainer_kwargs(flag_values=values)["hparams"]
+    assert hparams["command_line"] == "train.py --temperature=0.5"
+    assert (hparams["temperature"], hparams["sizes"], hparams["note"]) == (0.5, "8,4", None)
+    assert hparams["model_dir"] == str(tmp_path) and hparams["steps_per_loop"] == "auto"
+    assert "flagfile" not in hparams and "verbosity" not in hparams  # absl's own
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", **flags.trainer_kwargs(flag_values=values))
+    assert trainer.run_options.hparams["temperature"] == 0.5
+    assert "hparams" not in flags.trainer_kwargs(flag_values=parsed())  # no model_dir: nothing to record in
+
+
 def test_the_example_program_trains_from_a_flagfile_and_refuses_a_bad_flag(tmp_path):
     flagfile = tmp_path / "run.flags"
     flagfile.write_text(f"--model_dir={tmp_path / 'run'}\n--steps_per_loop=2\n--epochs=2\n")
@@ -134,7 +153,10 @@ def test_the_example_program_trains_from_a_flagfile_and_refuses_a_bad_flag(tmp_p
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trained 2 epochs, 16 steps, engine graph+loop2" in done.stdout
-    assert os.path.exists(tmp_path / "run" / "run_record.json")
+    with open(tmp_path / "run" / "run_record.json") as file:
+        record = json.load(file)["record"]
+    assert record["hparams.command_line"].endswith(f"flags_program.py --flagfile={flagfile}")
+    assert record["hparams.steps_per_loop"] == "2" and record["hparams.epochs"] == 2
     bad = subprocess.run(
         [sys.executable, PROGRAM, "--steps_per_loop=0"], capture_output=True, text=True, env=env, timeout=300
     )

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import inspect
 import re
+import shlex
 import signal
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -50,6 +52,7 @@ __all__ = [
     "STRATEGY_NAMES",
     "define_trainer_flags",
     "fit_kwargs",
+    "program_hparams",
     "strategy_from_flags",
     "trainer_kwargs",
 ]
@@ -245,13 +248,46 @@ def _register_checks(
 def trainer_kwargs(*, prefix: str = "", flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> dict[str, Any]:
     """The parsed flags as `Trainer` keyword arguments (those defined by `define_trainer_flags`).
 
+    Where they give a `model_dir`, they also hold `hparams`: the program's
+    flags and command line (`program_hparams`), recorded with the run and
+    shown in TensorBoard's HParams tab.
+
     Example:
         `tftrain.Trainer(model, optimizer, loss, **flags.trainer_kwargs())`
 
     Raises:
         absl.flags.UnparsedFlagAccessError: the flags are not parsed yet (call it in `main`).
     """
-    return _values("trainer", prefix, flag_values)
+    kwargs = _values("trainer", prefix, flag_values)
+    if kwargs.get("model_dir"):
+        kwargs["hparams"] = program_hparams(flag_values)
+    return kwargs
+
+
+# Flags that these packages define (absl's `--flagfile`, `--verbosity`, TensorFlow's own) are no program's.
+_LIBRARY_PACKAGES = ("absl", "tensorflow", "keras", "tensorboard", "tensorflow_datasets")
+
+
+def program_hparams(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> dict[str, Any]:
+    """The program's command line and the value of each of its flags, as `Trainer(hparams=...)` takes them.
+
+    Every parsed flag is in it but those absl, TensorFlow, Keras,
+    TensorBoard and tfds define; a list flag is one comma-separated string.
+
+    Returns:
+        `{"command_line": "train.py --lr=0.1", "lr": 0.1, ...}`.
+
+    Raises:
+        absl.flags.UnparsedFlagAccessError: the flags are not parsed yet (call it in `main`).
+    """
+    values: dict[str, Any] = {"command_line": shlex.join(sys.argv)}
+    for module, module_flags in flag_values.flags_by_module_dict().items():
+        if module.split(".")[0] in _LIBRARY_PACKAGES:
+            continue
+        for flag in module_flags:
+            value = getattr(flag_values, flag.name)
+            values[flag.name] = ",".join(map(str, value)) if isinstance(value, list | tuple) else value
+    return values
 
 
 def fit_kwargs(*, prefix: str = "", flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> dict[str, Any]:

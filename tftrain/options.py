@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import types
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ __all__ = [
     "RunOptions",
     "check_directory_path",
     "check_engine_options",
+    "check_hparams",
     "check_every_steps",
     "check_int",
     "check_jit_compile",
@@ -458,6 +461,11 @@ class RunOptions:
             anything is restored; `"next_epoch"` restores the checkpoint and
             starts the next epoch on the new data (the rest of the
             checkpoint's epoch is not trained; said in one line).
+        hparams: With `model_dir`: values of your own to record with the run
+            (e.g. a program's flags), by name: each a bool, int, float, str or
+            None. They are kept in the run record as `hparams.<name>` (a
+            resume that changes one says so) and shown in TensorBoard's
+            HParams tab beside the record (`tftrain.services.hparams`).
 
     Raises:
         TypeError, ValueError: a bad value, or an option that needs `model_dir`
@@ -478,9 +486,12 @@ class RunOptions:
     count_flops: bool = False
     peak_flops: float | None = None
     on_data_change: str = "refuse"
+    hparams: Mapping[str, bool | int | float | str | None] | None = None
 
     def __post_init__(self):
         check_peak_flops(self.count_flops, self.peak_flops)
+        if self.hparams is not None:
+            object.__setattr__(self, "hparams", check_hparams(self.hparams))
         if self.on_data_change not in ("refuse", "next_epoch"):
             raise ValueError(
                 "Invalid value for argument `on_data_change`. Received: "
@@ -534,6 +545,7 @@ class RunOptions:
                 "profile_steps",
                 "best_checkpoint_monitor",
                 "resume_from",
+                "hparams",
             ):
                 if getattr(self, name) is not None:
                     raise ValueError(
@@ -558,6 +570,36 @@ class RunOptions:
                     "checkpoints."
                 )
             object.__setattr__(self, "resume_from", os.fspath(self.resume_from))
+
+
+def check_hparams(hparams: Any) -> types.MappingProxyType:
+    """`hparams` as a read-only mapping of names to plain values (NumPy scalars converted).
+
+    Raises:
+        TypeError: not a mapping, a name that is no non-empty string, or a
+            value that is not a bool, int, float, str or None.
+    """
+    if not isinstance(hparams, Mapping):
+        raise TypeError(
+            f"Invalid value for argument `hparams`. Received: an object of type {type(hparams).__name__}. "
+            "Expected a mapping of names to values, e.g. {'temperature': 0.1, 'augment': 'strong'}."
+        )
+    checked: dict[str, bool | int | float | str | None] = {}
+    for name, value in hparams.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"Invalid value for argument `hparams`. Received: the name {name!r}. Expected non-empty strings."
+            )
+        if isinstance(value, np.generic):
+            value = value.item()
+        if value is not None and not isinstance(value, bool | int | float | str):
+            raise TypeError(
+                f"Invalid value for argument `hparams`. Received: hparams[{name!r}] of type "
+                f"{type(value).__name__}. Expected a bool, int, float, str or None (what TensorBoard's "
+                "HParams tab shows); record a list or object as a string, e.g. with json.dumps."
+            )
+        checked[name] = value
+    return types.MappingProxyType(checked)
 
 
 def check_left_at_default(options: Any, names: tuple[str, ...], *, received: str, expected: str) -> None:

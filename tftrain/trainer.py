@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import inspect
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -65,8 +65,8 @@ def check_options(**options: Any) -> None:
     the model when the Trainer is made).
 
     Args:
-        **options: `Trainer` keyword arguments, but `strategy` and
-            `services`; omitted ones take their defaults.
+        **options: `Trainer` keyword arguments, but `strategy`, `services`
+            and `hparams`; omitted ones take their defaults.
 
     Raises:
         TypeError, ValueError: a bad value or combination, as `Trainer(...)` raises it.
@@ -181,6 +181,11 @@ class Trainer:
             `RunChangedError`) or `"next_epoch"` (it starts the next epoch on
             the new data); see `tftrain.options.RunOptions` and
             docs/checkpoints.md ("Changing something between runs").
+        hparams: With `model_dir`: values of your own to record with the
+            run, by name (bool, int, float, str or None), e.g. a program's
+            flags (`tftrain.flags.trainer_kwargs` passes them): kept in the
+            run record and shown in TensorBoard's HParams tab, beside what
+            tftrain records itself (docs/tensorboard.md).
         services: Services of your own (`tftrain.services.Service`), run
             around every `fit`'s steps with the built-in ones (after the NaN
             guard, before the summaries and checkpoints); their state is
@@ -227,6 +232,7 @@ class Trainer:
         rollback_lr_factor: float = 1.0,
         ema_decay: float | None = None,
         on_data_change: str = "refuse",
+        hparams: Mapping[str, bool | int | float | str | None] | None = None,
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -245,7 +251,7 @@ class Trainer:
             terminate_on_nan=terminate_on_nan, preemption_signals=preemption_signals,
             best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from, async_checkpoint=async_checkpoint,
-            count_flops=count_flops, peak_flops=peak_flops, on_data_change=on_data_change,
+            count_flops=count_flops, peak_flops=peak_flops, on_data_change=on_data_change, hparams=hparams,
             on_nonfinite=on_nonfinite, loss_spike_threshold=loss_spike_threshold,
             max_rollbacks=max_rollbacks, rollback_lr_factor=rollback_lr_factor,
         )  # fmt: skip
@@ -601,6 +607,6 @@ class Trainer:
 OPTION_NAMES = tuple(
     name
     for name, parameter in inspect.signature(Trainer.__init__).parameters.items()
-    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("strategy", "services")
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("strategy", "services", "hparams")
 )
-"""The `Trainer`'s options a program may take from plain values (flags, a config): its keyword arguments but `strategy` and `services`."""
+"""The `Trainer`'s options a program may take from plain values (flags, a config): its keyword arguments but `strategy`, `services` and `hparams`."""

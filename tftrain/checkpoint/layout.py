@@ -9,7 +9,10 @@ A run's directory holds:
 - `eval/`: a continuous evaluator's event files and `results.json`;
 - `workers/<name>/`: a non-chief worker's own checkpoint copies, removed when
   its run ends;
-- `writer.lock`: the process writing to the directory.
+- `writer.lock`: the process writing to the directory;
+- `run_record.json`: the run record's readable copy;
+- event files of the run itself: TensorBoard's HParams session (the run
+  record as hyperparameters, the last epoch's logs; `tftrain.services.hparams`).
 
 Paths are joined with `os.path.join`, which also serves remote paths such as
 `gs://bucket/run`.

@@ -4,7 +4,8 @@ A run with a `model_dir` records, with every checkpoint, the optimizer's class
 and hyperparameters as the user gave them, the loss and metrics, the data
 (global batch size, examples and batches per pass, element spec), the
 replicas, the dtype policy, the Trainer options that change the math, the
-call's target and the tftrain / TensorFlow / Keras versions. A resume
+call's target, the tftrain / TensorFlow / Keras versions and the user's own
+values (`Trainer(hparams=...)`, as `hparams.<name>`). A resume
 compares the new call with the record of the checkpoint it restores, before
 anything is assigned, and each difference is one of:
 
@@ -46,6 +47,7 @@ from tftrain.data.epoch_order import examples_in
 from tftrain.errors import RunChangedError
 
 __all__ = [
+    "HPARAMS_PREFIX",
     "RECORD_KEY",
     "Change",
     "Comparison",
@@ -61,6 +63,9 @@ __all__ = [
 
 RECORD_KEY = "run_record"
 """The name the record is saved under among a checkpoint's service states."""
+
+HPARAMS_PREFIX = "hparams."
+"""Where the user's own values (`Trainer(hparams=...)`) are in the record: `hparams.<name>`."""
 
 RECORD_FILE = "run_record.json"
 """The readable copy in `model_dir` (the newest run's record and every change taken)."""
@@ -260,6 +265,7 @@ def build(
     replicas: int,
     shuffled: bool | None = None,
     settings: Mapping[str, Any],
+    hparams: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of a `fit` call: what its results depend on, as JSON values keyed by dotted names.
 
@@ -274,6 +280,8 @@ def build(
             the saved position). None: not recorded.
         settings: The Trainer options that change the math and the call's
             target (`epochs`, `total_steps`), by name.
+        hparams: The user's own values (`Trainer(hparams=...)`), recorded
+            as `hparams.<name>`.
 
     Returns:
         The record.
@@ -288,6 +296,7 @@ def build(
     record["versions.tftrain"] = _tftrain_version()
     record["versions.tensorflow"] = tf.__version__
     record["versions.keras"] = keras.__version__
+    record.update({f"{HPARAMS_PREFIX}{name}": _plain(value) for name, value in (hparams or {}).items()})
     return record
 
 

@@ -250,4 +250,5 @@ def _run_record(owner: StepOwner, call: FitCall) -> dict[str, Any]:
         replicas=owner.engines.strategy.num_replicas_in_sync,
         shuffled=call.plan.order is not None if call.plan.position is not None else None,
         settings=settings,
+        hparams=owner.run_options.hparams,
     )

@@ -44,6 +44,7 @@ from tftrain.options import RunOptions, check_profile_steps
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.data_position import DataCheckpointService
+from tftrain.services.hparams import HParamsService
 from tftrain.services.loss_recovery import LossRecovery, RecoveryPolicy
 from tftrain.services.multiworker_preemption import MultiWorkerPreemption, multiworker_preemption
 from tftrain.services.nan_guard import NonFiniteGuard
@@ -65,7 +66,7 @@ BUILT_IN_NAMES = frozenset(
     for service in (
         NonFiniteGuard, LossRecovery, StepBudget, PeriodicValidation, DataCheckpointService, ProfilerService, SummaryService,
         BestCheckpointService, CheckpointService, PreemptionService, MultiWorkerPreemption, WriterLockService,
-        InStepSummaryService, TimingService, RunRecordService,
+        InStepSummaryService, TimingService, RunRecordService, HParamsService,
     )
 )  # fmt: skip
 """The names of the built-in services (a user's service cannot take one: its state is saved by name)."""
@@ -211,6 +212,8 @@ def start_run(
                     run_record.write_file(path, record, comparison, restored.global_step if restored else 0)
                 services.append(RunRecordService(record, model))
             _add_model_dir_services(services, where, checkpointer, window, timer, restored, data_mode, plan)
+            if record is not None and where.chief:  # closed after the saves: its end says the run ended well
+                services.append(HParamsService(where.layout.root, record))
             if rollback:
                 services.insert(0, _loss_recovery(recovery, services, model, verbose))
             if lock is not None:

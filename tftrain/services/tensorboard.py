@@ -13,6 +13,36 @@ from tftrain.checkpoint.files import error_line
 from tftrain.services.protocol import EveryNSteps, RunState, Service
 
 
+class WriteGuard:
+    """Runs a run's TensorBoard writes until one fails: that one is warned, and the run writes no more.
+
+    Training goes on: the checkpoint saved next says whether the directory
+    can still be written (its error stops the run).
+
+    Args:
+        log_dir: The directory written, for the warning.
+    """
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.failed = False
+
+    def run(self, write: Callable[[], None]) -> None:
+        """Runs `write` unless a write failed before; a failure is warned once."""
+        if self.failed:
+            return
+        try:
+            write()
+        except (tf.errors.OpError, OSError) as error:
+            self.failed = True
+            warnings.warn(
+                f"TensorBoard summaries cannot be written to {self.log_dir} ({error_line(error)}); "
+                "this run writes no more of them. Training goes on: the next checkpoint save stops the "
+                "run if the directory cannot be written.",
+                stacklevel=3,
+            )
+
+
 class SummaryService(Service):
     """Writes TensorBoard summaries: every N steps, at epoch ends, and the first call's trace time.
 
@@ -42,22 +72,10 @@ class SummaryService(Service):
         self.timer = timer
         self.optimizer = optimizer
         self._trace_written = trace_written
-        self._failed = False
+        self._guard = WriteGuard(writer.log_dir)
 
     def _write(self, write: Callable[[], None]) -> None:
-        """Runs one write of the writers unless one failed before; a failure is warned once."""
-        if self._failed:
-            return
-        try:
-            write()
-        except (tf.errors.OpError, OSError) as error:
-            self._failed = True
-            warnings.warn(
-                f"TensorBoard summaries cannot be written to {self.writer.log_dir} ({error_line(error)}); "
-                "this run writes no more of them. Training goes on: the next checkpoint save stops the "
-                "run if the directory cannot be written.",
-                stacklevel=2,
-            )
+        self._guard.run(write)
 
     def next_stop(self, step: int) -> int | None:
         return self.when.next_stop(step)
