@@ -12,7 +12,7 @@ import tensorflow as tf
 from helpers import TensorBoardServer
 
 import tftrain
-from tftrain.services.hparams import hparams_of
+from tftrain.services.hparams import hparams_of, trial_id
 
 START_TAG, END_TAG = "_hparams_/session_start_info", "_hparams_/session_end_info"
 
@@ -59,6 +59,12 @@ def test_hparams_of_shows_plain_values_lists_as_json_and_leaves_out_structure_an
         "use_tf_function": True,
         "hparams.note": "x",
     }
+
+
+def test_a_runs_trial_id_is_its_directorys_name_and_a_hash_of_its_path(tmp_path):
+    assert trial_id(str(tmp_path / "a" / "lr0.1")).startswith("lr0.1-")
+    assert trial_id(str(tmp_path / "a" / "lr0.1")) != trial_id(str(tmp_path / "b" / "lr0.1"))
+    assert trial_id(str(tmp_path / "a" / "lr0.1")) == trial_id(str(tmp_path / "a" / "lr0.1") + "/")
 
 
 def test_a_fit_writes_its_record_its_final_logs_and_its_end_to_the_run_directory(tmp_path):
@@ -155,6 +161,7 @@ def test_two_runs_under_one_log_root_are_two_rows_of_a_real_tensorboards_hparams
     rows = {}
     for group in groups:
         (session,) = group["sessions"]
+        assert group["name"] == trial_id(str(root / session["name"]))
         metrics = {(m["name"]["group"], m["name"]["tag"]): m["value"] for m in group["metricValues"]}
         rows[session["name"]] = (group["hparams"], metrics, session["status"])
     assert set(rows) == {"fast", "slow"}

@@ -13,7 +13,9 @@ scalars of that directory and of its subdirectories (`train/`,
   are shown as JSON text; the model's layers and the optimizer's variables
   are left out (structure, not hyperparameters); None is not shown;
 
-and at each epoch end the epoch's logs under their Keras names (`loss`,
+named by the run directory's name and a short hash of its full path (a row
+per run, readable in the table: `lr0.1-3f2a9c`), and at each epoch end the
+epoch's logs under their Keras names (`loss`,
 `val_accuracy`, ...) in `model_dir` itself, so the last epoch's are the
 run's final metrics, then, when `fit` ends without an error, the session's
 end. Several runs under one log directory (`tensorboard --logdir root`
@@ -28,7 +30,9 @@ the change is logged and kept in `model_dir/run_record.json`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,7 +43,7 @@ from tftrain import summaries
 from tftrain.services.protocol import RunState, Service
 from tftrain.services.tensorboard import WriteGuard
 
-__all__ = ["HIDDEN_KEYS", "HParamsService", "hparams_of"]
+__all__ = ["HIDDEN_KEYS", "HParamsService", "hparams_of", "trial_id"]
 
 HIDDEN_KEYS = frozenset({"model.layers", "model.layer_names", "optimizer.variables"})
 """Record entries not shown as hyperparameters: the model's and optimizer's structure (checked at resume)."""
@@ -62,6 +66,18 @@ def hparams_of(record: Mapping[str, Any]) -> dict[str, bool | int | float | str]
     return values
 
 
+def trial_id(log_dir: str) -> str:
+    """The run's name in the HParams tab: its directory's name and a short hash of its full path, e.g. `lr0.1-3f2a9c`.
+
+    TensorBoard makes one row of the runs that share a name (repeats of one
+    configuration): the hash keeps runs of the same name in other
+    directories apart.
+    """
+    path = os.path.abspath(log_dir) if "://" not in log_dir else log_dir
+    digest = hashlib.sha256(path.encode()).hexdigest()[:6]
+    return f"{os.path.basename(os.path.normpath(log_dir)) or 'run'}-{digest}"
+
+
 class HParamsService(Service):
     """Writes the run to TensorBoard's HParams plugin: its record at the start, its epochs' logs, its end.
 
@@ -75,6 +91,7 @@ class HParamsService(Service):
     def __init__(self, log_dir: str, record: Mapping[str, Any]):
         self.log_dir = str(log_dir)
         self.hparams = hparams_of(record)
+        self.trial_id = trial_id(self.log_dir)
         self._guard = WriteGuard(self.log_dir)
         self._writer: Any = None
         self._started = False
@@ -97,7 +114,7 @@ class HParamsService(Service):
             self._started = True
             from tensorboard.plugins.hparams import summary_v2  # only runs with a model_dir need it
 
-            self._write(run.progress.global_step, lambda: summary_v2.hparams(self.hparams))
+            self._write(run.progress.global_step, lambda: summary_v2.hparams(self.hparams, trial_id=self.trial_id))
 
     def end_epoch(self, run: RunState, logs: dict[str, Any]) -> None:
         def write() -> None:
