@@ -275,7 +275,8 @@ def program_hparams(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> di
     TensorBoard and tfds define; a list flag is one comma-separated string.
 
     Returns:
-        `{"command_line": "train.py --lr=0.1", "lr": 0.1, ...}`.
+        The values by name: `command_line` (e.g. `train.py --lr=0.1`), then
+        each flag's (e.g. `lr`: 0.1).
 
     Raises:
         absl.flags.UnparsedFlagAccessError: the flags are not parsed yet (call it in `main`).
