@@ -45,6 +45,24 @@ def _reduce_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
     return tf.nest.map_structure(reduce, outputs)
 
 
+def _tensor_logs(step_fn: StepFn) -> StepFn:
+    """`step_fn`, the Python numbers among its logs made tensors, which `strategy.reduce` needs.
+
+    Keras before 3.14 returns Python floats from `model.train_step` when it
+    runs eagerly (`get_metrics_result` converts them).
+    """
+
+    def step(batch):
+        return tf.nest.map_structure(
+            lambda value: (
+                tf.convert_to_tensor(value) if isinstance(value, int | float | np.generic) else value
+            ),
+            step_fn(batch),
+        )
+
+    return step
+
+
 def _host_batch_size(batch: Any, strategy: tf.distribute.Strategy) -> int | None:
     """Examples in a batch as known on the host (all local replicas), or None."""
     first = tf.nest.flatten(batch)[0]
@@ -492,7 +510,7 @@ def make_loop(
         )
     # XLA compiles the per-replica step: a cluster cannot span the replicas'
     # devices, so `strategy.run` and the cross-replica reduction stay outside it.
-    replica_step = step_fn
+    replica_step = step_fn if collect else _tensor_logs(step_fn)
     if options.jit_compile:
         replica_step = tf.function(step_fn, reduce_retracing=True, jit_compile=True, autograph=False)
 
