@@ -13,7 +13,6 @@ import textwrap
 
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 from helpers import TWO_CPU_MIRRORED_SETUP, run_result_script
 
@@ -154,8 +153,6 @@ SCRIPT = TWO_CPU_MIRRORED_SETUP + textwrap.dedent(
 )
 
 
-# As tests/test_trainer_mirrored.py: two replicas do not match under TensorFlow 2.16.2 / Keras 3.7.0.
-@pytest.mark.newest_only
 def test_distributed_datasets_under_two_replicas_match_model_fit_and_resume():
     output = run_result_script(SCRIPT, timeout=300)
     assert len(output["results"]) == 8

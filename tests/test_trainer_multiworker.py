@@ -16,10 +16,6 @@ import sys
 import numpy as np
 import pytest
 
-# Against the oldest TensorFlow/Keras pair: the two-worker runs do not match one device
-# under TensorFlow 2.16.2 / Keras 3.7.0 (the weights differ; a reduce fails), so these fail there.
-pytestmark = pytest.mark.newest_only
-
 JOB = os.path.join(os.path.dirname(__file__), "jobs", "multiworker_job.py")
 CONFIGS = ["keras_model", "steps_per_loop", "custom_model", "hand_written", "outside_optimizer"]
 TIMEOUT_S = 240

@@ -38,9 +38,6 @@ def test_mixed_precision_trains_with_float32_variables(policy, engine, tiny_data
     assert wrapped == (policy == "mixed_float16")
 
 
-# Against the oldest TensorFlow/Keras pair: Keras 3.7.0's LossScaleOptimizer leaves its
-# `iterations` at 0 here (3.15 counts the applied steps), so this fails there.
-@pytest.mark.newest_only
 def test_float16_loss_scale_skips_an_overflowing_step(tiny_data):
     calls = tf.Variable(0)
 

@@ -18,9 +18,6 @@ from tftrain import data
 from tftrain.compat import keras_internals
 from tftrain.data import catalog
 
-# tensorflow-datasets (4.9.10) does not import whole under the oldest TensorFlow (see test_data_load.py).
-pytestmark = pytest.mark.newest_only
-
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):

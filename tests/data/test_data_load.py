@@ -12,10 +12,6 @@ import tensorflow_datasets as tfds
 from tftrain import data
 from tftrain.data import shapes, tfds_loading
 
-# Against the oldest TensorFlow/Keras pair: tensorflow-datasets (4.9.10) does not import whole
-# under TensorFlow 2.16.2 (`tfds.builder`, `tfds.testing` missing), so these fail there.
-pytestmark = pytest.mark.newest_only
-
 TFDS_NAMES = ["cifar10", "cifar100", "stl10", "fashion_mnist", "mnist", "imagenet2012"]
 CHANNELS = {"mnist": 1, "fashion_mnist": 1}
 

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tftrain.errors import KerasInternalsError
 
-TESTED_KERAS = ("3.7.0", "3.15.1")
+TESTED_KERAS = ("3.10.0", "3.15.1")
 """The oldest and newest Keras versions tftrain's tests run against."""
 
 TESTED_TENSORFLOW = ("2.16.2", "2.21.0")
@@ -589,7 +589,7 @@ def learning_rate_object(optimizer: Any) -> Any:
 
     `optimizer.learning_rate` gives the schedule's current value, not the
     schedule; the range test replaces a schedule for its sweep and must put
-    the same object back. Keras keeps it in `_learning_rate` (3.7 to 3.15).
+    the same object back. Keras keeps it in `_learning_rate` (3.10 to 3.15).
     """
     target = _applying_optimizer(optimizer)
     if not hasattr(target, "_learning_rate"):

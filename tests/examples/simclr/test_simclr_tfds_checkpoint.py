@@ -23,9 +23,6 @@ from tftrain.checkpoint import data_position
 from tftrain.compat import keras_internals
 from tftrain.examples.simclr import pipeline
 
-# tensorflow-datasets (4.9.10) does not import whole under the oldest TensorFlow (see tests/data/test_data_load.py).
-pytestmark = pytest.mark.newest_only
-
 STEPS, BATCH, IMAGE_SIZE = 6, 8, 16
 # A cache or shuffle buffer would hold some of the 20 images (784 bytes each; 15,680 in all); an iterator
 # of positions and random states is under 3 KB (2,753 bytes measured with TF 2.21).
