@@ -8,6 +8,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tftrain.compat import versions as _versions
+
+# A TensorFlow or Keras outside the declared range fails here, naming which (not later, in a private API).
+_versions.check_installed_versions()
+
 __version__ = "0.1.0"
 
 _LAZY_NAMES = {
