@@ -22,6 +22,8 @@ _LAZY_NAMES = {
     "NonFiniteLossError": ("tftrain.errors", "NonFiniteLossError"),
     "PreemptedError": ("tftrain.errors", "PreemptedError"),
     "LearningRateSweep": ("tftrain.loops.lr_sweep", "LearningRateSweep"),
+    "DryRunReport": ("tftrain.loops.dry_run", "DryRunReport"),
+    "DryRunError": ("tftrain.errors", "DryRunError"),
 }
 _SUBMODULES = {
     "callbacks",
@@ -46,6 +48,8 @@ __all__ = [
     "NonFiniteLossError",
     "PreemptedError",
     "LearningRateSweep",
+    "DryRunReport",
+    "DryRunError",
     *sorted(_SUBMODULES),
 ]
 

@@ -7,11 +7,14 @@ tftrain, so every layer can raise them.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CheckpointError",
     "CheckpointWriteError",
     "CorruptCheckpointError",
     "DatasetUnavailableError",
+    "DryRunError",
     "EvaluationTimeoutError",
     "IncompatibleCheckpointError",
     "KerasInternalsError",
@@ -135,6 +138,28 @@ class DatasetUnavailableError(RuntimeError):
         return _unavailable_error, (str(self), self.name, self.data_dir)
 
 
+class DryRunError(RuntimeError):
+    """A stage of `Trainer.check`, the dry run before a long run, failed; everything was put back as it was.
+
+    The message names the stage and the error in one line; the error itself
+    is chained as `__cause__`, with its traceback.
+
+    Attributes:
+        stage: The stage that failed: `"prepare"`, `"train"`, `"validate"`,
+            `"checkpoint"`, `"predict"` or `"export"`.
+        report: The `tftrain.DryRunReport` of the run: the stages before it,
+            with their times, and this one with its error.
+    """
+
+    def __init__(self, message: str, *, stage: str, report: Any = None):
+        super().__init__(message)
+        self.stage = stage
+        self.report = report
+
+    def __reduce__(self):
+        return _dry_run_error, (str(self), self.stage, self.report)
+
+
 class EvaluationTimeoutError(TimeoutError):
     """No new checkpoint arrived in a `model_dir` within the evaluator's timeout."""
 
@@ -149,3 +174,7 @@ class KerasInternalsError(RuntimeError):
 
 def _unavailable_error(message: str, name: str | None, data_dir: str | None) -> DatasetUnavailableError:
     return DatasetUnavailableError(message, name=name, data_dir=data_dir)
+
+
+def _dry_run_error(message: str, stage: str, report: Any) -> DryRunError:
+    return DryRunError(message, stage=stage, report=report)

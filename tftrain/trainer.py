@@ -23,7 +23,7 @@ import tensorflow as tf
 from tftrain import ema, evaluation, precision, timing
 from tftrain.compat import keras_internals
 from tftrain.engine import model_setup
-from tftrain.loops import fit_loop, inference, lr_sweep, preparation, run_setup
+from tftrain.loops import dry_run, fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
 from tftrain.options import EngineOptions, RunOptions, check_engine_options, check_jit_compile
@@ -572,6 +572,84 @@ class Trainer:
             self, x, y, batch_size=batch_size, min_lr=min_lr, max_lr=max_lr, steps=steps,
             smoothing=smoothing, stop_factor=stop_factor, monitor=monitor,
         )  # fmt: skip
+
+    def check(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        verbose: int | str = "auto",
+        callbacks: list[keras.callbacks.Callback] | None = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool | str = True,
+        class_weight: dict[int, float] | None = None,
+        sample_weight: Any = None,
+        initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
+        validation_freq: int | list[int] = 1,
+        *,
+        total_steps: int | None = None,
+        validation_every_steps: int | None = None,
+        export: bool | dict[str, Any] = False,
+    ) -> dry_run.DryRunReport:
+        """A dry run of `fit` with these arguments: each stage of the run once, in seconds, then everything put back.
+
+        Takes `fit`'s arguments, so a script can call `check(**fit_args)`
+        before `fit(**fit_args)`, and runs on the engine that `fit` would use
+        (eager, `tf.function`, XLA, `steps_per_loop`, the strategy), in
+        order: `"prepare"` (`fit`'s argument checks, inputs adapted,
+        variables built), `"train"` (one host call of the training step, and
+        a second timed as the steady call), `"validate"` (one batch of the
+        validation data through the evaluation step, where `fit` has
+        validation data, whatever `validation_freq`), `"checkpoint"` (the
+        training state saved and restored in a temporary directory, every
+        variable checked to come back), `"predict"` (one batch of the
+        validation data's inputs, else `x`, through the prediction step) and
+        `"export"` (with `export`: `export` to a temporary directory).
+
+        Afterwards everything is as it was: every variable of the training
+        state, bit for bit (the model's, its seed generators', the
+        optimizer's, the metrics', `checkpoint_state()`, `global_step`), the
+        NumPy and Python global random states, the engines (their traces
+        and `steps_per_loop="auto"`'s measurements) and `timing`. No callback
+        hook runs (callbacks are only checked, as `fit` checks them), and
+        nothing is written to, read from or created in `model_dir`: a `fit`
+        afterwards runs exactly as it would have without the check. What the
+        data itself changes as it is read is not put back: a `tf.data`
+        pipeline that reshuffles each iteration draws its next order for
+        each pass the check starts, a generator is read (the predict stage
+        is skipped for one), a PyDataset's hooks run. See docs/long_runs.md.
+
+        Every argument but `export` is `fit`'s, as `fit` takes it; `verbose`
+        other than 0 also prints the report's summary.
+
+        Args:
+            export: Also check `export`: True with its defaults, or a dict of
+                its keyword arguments (e.g. `{"format": "tf_saved_model"}`).
+
+        Returns:
+            A `tftrain.DryRunReport`: each stage, whether it ran, its time
+            (the first call: trace and steps; and a steady call) and `summary()`.
+
+        Raises:
+            DryRunError: the first stage that failed, named in the message,
+                with its error chained and the report as `report`; the state
+                is put back first.
+            TypeError, ValueError: a bad `export` or `verbose`.
+        """
+        fit_arguments = dict(
+            x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+            validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
+            class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+            validation_batch_size=validation_batch_size, validation_freq=validation_freq,
+            total_steps=total_steps, validation_every_steps=validation_every_steps,
+        )  # fmt: skip
+        return dry_run.run_check(self, fit_arguments, export=export, export_to=self.export, verbose=verbose)
 
     def save(self, filepath: str, *, overwrite: bool = True) -> None:
         """Saves the model with its optimizer state to a `.keras` file (as `model.save`).

@@ -98,18 +98,7 @@ class Engines:
             if kind == "train":
                 self._past_nonfinite = None
         if kind not in self.loops:
-            step, autograph = self.step_of(kind)
-            self.loops[kind] = step_loop.make_loop(
-                step,
-                self.options,
-                self.strategy,
-                f"{kind}_step",
-                stop_on_nonfinite=kind == "train" and self.stop_on_nonfinite,
-                collect=kind == "predict",
-                step_counter=self.global_step if kind == "train" else None,
-                loss_limit=self.loss_limit if kind == "train" else None,
-                autograph=autograph,
-            )
+            self.loops[kind] = self.new_loop(kind)
             if self.model is not None:
                 keras_internals.hold_step_function(self.model, kind)
         if stop_on_nonfinite or kind != "train" or not self.stop_on_nonfinite:
@@ -117,6 +106,21 @@ class Engines:
         if self._past_nonfinite is None:
             self._past_nonfinite = self.loops[kind].past_nonfinite()
         return self._past_nonfinite
+
+    def new_loop(self, kind: str) -> step_loop.StepLoop:
+        """A new engine of `kind`, made as `loop` makes it but kept nowhere (a dry run's: the cached engines untouched)."""
+        step, autograph = self.step_of(kind)
+        return step_loop.make_loop(
+            step,
+            self.options,
+            self.strategy,
+            f"{kind}_step",
+            stop_on_nonfinite=kind == "train" and self.stop_on_nonfinite,
+            collect=kind == "predict",
+            step_counter=self.global_step if kind == "train" else None,
+            loss_limit=self.loss_limit if kind == "train" else None,
+            autograph=autograph,
+        )
 
     def plan(self, data: inputs.AdaptedInput) -> EpochPlan:
         """The pass-by-pass plan over adapted inputs: plain iterators, or distributed under a strategy."""

@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain.checkpoint.state import training_state
 from tftrain.compat import keras_internals
 from tftrain.data import inputs
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import step_loop
 from tftrain.loops import preparation
 from tftrain.loops.owner import StepOwner
+from tftrain.loops.state_copy import StateCopy
 from tftrain.options import check_lr_sweep
 
 __all__ = ["LearningRateSweep", "find_learning_rate", "learning_rates", "suggest"]
@@ -152,54 +150,6 @@ def suggest(rates: list[float], smoothed: list[float]) -> tuple[float | None, st
     return rates[kept[steepest]], None
 
 
-class _StateCopy:
-    """A bit-exact copy of the training state's variables, each replica's own value included."""
-
-    def __init__(self, owner: StepOwner):
-        self._owner = owner
-        self._saved: dict[int, list[tuple[tf.Variable, np.ndarray]]] = {}
-
-    def _variables(self) -> Iterator[tf.Variable]:
-        state = training_state(self._owner.model, self._owner.checkpoint_state())
-        roots = [state, self._owner.global_step, [metric.variables for metric in self._owner.metrics]]
-        for variable in _variables_in(roots):
-            yield keras_internals.backend_variable(variable)
-
-    def take(self) -> None:
-        """Copies every variable not copied yet (a later call adds those made since)."""
-        for variable in self._variables():
-            if id(variable) not in self._saved:
-                components = self._owner.engines.strategy.experimental_local_results(variable)
-                self._saved[id(variable)] = [(part, part.numpy()) for part in components]
-
-    def restore(self) -> None:
-        """Assigns every copied value back to its variable (each replica's part of a distributed one)."""
-        for parts in self._saved.values():
-            for part, value in parts:
-                part.assign(value)
-
-    def not_copied(self) -> list[tf.Variable]:
-        """The variables of the state made since the last `take`."""
-        return [variable for variable in self._variables() if id(variable) not in self._saved]
-
-
-def _variables_in(value: Any) -> Iterator[Any]:
-    """Every variable under `value`: containers, Keras objects (their `variables`) and other trackables."""
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, list | tuple):
-        for item in value:
-            yield from _variables_in(item)
-    elif isinstance(value, tf.Variable | keras.Variable):
-        yield value
-    elif isinstance(value, keras.optimizers.Optimizer | keras.layers.Layer | keras.metrics.Metric):
-        yield from value.variables
-    elif value is not None:  # any other trackable a checkpoint saves (a tf.Module, ...)
-        for node in tf.train.TrackableView(value).descendants():
-            if isinstance(node, tf.Variable | keras.Variable):
-                yield node
-
-
 class _LearningRate:
     """Sets the optimizer's learning rate for each step, and puts back what it was.
 
@@ -275,7 +225,7 @@ def find_learning_rate(
     plan = preparation.plan_for(owner, "train", dataclasses.replace(data, steps=steps), "x")
     preparation.build(owner, plan.dataset)
     engines = owner.engines
-    copy = _StateCopy(owner)
+    copy = StateCopy(owner)
     copy.take()
     rate = _LearningRate(optimizer, engines.strategy)
     try:
@@ -294,15 +244,7 @@ def find_learning_rate(
         rate.remove()
         copy.restore()
         plan.close()
-        created = copy.not_copied()
-        if created:
-            warnings.warn(
-                f"find_learning_rate: {len(created)} variables were created by the first training step "
-                f"(e.g. {created[0].name}: an optimizer built in its first step, under eager execution) "
-                "and keep the values the sweep gave them. Build them before the sweep (e.g. "
-                "`optimizer.build(variables)`) for a state left exactly as it was.",
-                stacklevel=3,
-            )
+        copy.warn_not_copied("find_learning_rate", stacklevel=3)
 
 
 class _Batches:
