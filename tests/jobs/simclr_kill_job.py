@@ -5,6 +5,7 @@ for one callback added to `Trainer.fit` that kills the process with SIGKILL
 once the global step reaches STEP (after the step's checkpoint, if any).
 """
 
+import functools
 import os
 import signal
 import sys
@@ -26,6 +27,7 @@ class KillAtStep(keras.callbacks.Callback):
 
 
 def add_kill(fit, step):
+    @functools.wraps(fit)  # its signature too: tftrain.flags reads fit's when the flags are parsed
     def fit_until_killed(self, *args, callbacks=None, **kwargs):
         return fit(self, *args, callbacks=[*(callbacks or []), KillAtStep(step)], **kwargs)
 

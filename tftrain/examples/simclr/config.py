@@ -6,17 +6,25 @@ settings have their own defaults. A recipe (`RECIPES`) replaces some defaults
 for a purpose (`cpu_demo`: the offline demo on 2 CPU cores); values given on
 the command line win over both. `resolve` applies that rule and records each
 value's source, which the program prints at start.
+
+The `tftrain.Trainer` the program builds takes some options from the
+reference's flags (`TRAINER_OPTIONS_SET_BY`) and every other one from a flag
+of `tftrain.flags` (`TRAINER_FLAGS`, held in `Config.trainer_options`);
+`trainer_kwargs` joins them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 
 from tftrain import data as data_lib
+from tftrain import trainer as trainer_lib
 from tftrain.examples.simclr import resnet
 
 KNOWN_DATASETS = data_lib.KNOWN_DATASETS  # known without tensorflow-datasets; any tfds name works too
@@ -36,6 +44,36 @@ REFERENCE_FLAGS = (
 )  # fmt: skip
 
 
+# The Trainer's options the program sets from its own flags: `tftrain.flags` defines no second flag for them.
+TRAINER_OPTIONS_SET_BY = {
+    "model_dir": "--model_dir",
+    "max_to_keep": "--keep_checkpoint_max",
+    "summary_every_steps": "--train_summary_steps (0: None, summaries with each checkpoint)",
+    "checkpoint_every_steps": "--checkpoint_steps or --checkpoint_epochs (each ends one of the Trainer's "
+    "epochs, which saves; None: no other save)",
+}
+# `fit`'s budget and the strategy's arguments, which `tftrain.flags` defines too: the program sets them.
+RUN_ARGUMENTS_SET_BY = {
+    "epochs": "--train_epochs or --train_steps, in epochs of --checkpoint_steps or --checkpoint_epochs",
+    "total_steps": "--train_steps, or N * --train_epochs // --train_batch_size + 1",
+    "validation_every_steps": "none: the program trains without validation data",
+    "use_gpu": "--use_gpu (default: the visible GPUs unless --use_tpu)",
+    "use_tpu": "--use_tpu",
+    "tpu": "--tpu_name, or --master",
+    "num_cpu_devices": "--num_cpu_devices",
+}
+TRAINER_FLAGS = tuple(name for name in trainer_lib.OPTION_NAMES if name not in TRAINER_OPTIONS_SET_BY)
+"""The Trainer's options that are flags of `tftrain.flags` in the program (`Config.trainer_options`)."""
+
+PROGRAM_TRAINER_DEFAULTS: Mapping[str, Any] = {"steps_per_loop": 1}
+"""The program's defaults where they are not the Trainer's (its `steps_per_loop` is `"auto"`)."""
+
+FIT_LOOP_OPTIONS = ("use_tf_function", "steps_per_loop", "mixed_precision", "profile_steps")
+"""The Trainer flags `--loop=fit` takes: `use_tf_function` as `run_eagerly`, `steps_per_loop` as
+`steps_per_execution`, `mixed_precision` (the Trainer sets the model's policy) and `profile_steps`
+(`tftrain.callbacks.standard_callbacks`)."""
+
+
 class FlagValueError(ValueError):
     """A setting that `run` finds wrong once it sees the devices or the checkpoint (before any data)."""
 
@@ -46,6 +84,9 @@ class Config:
 
     The defaults are the reference's (`REFERENCE_FLAGS`) and tftrain's own
     (the other fields); `resolve` applies a recipe and the command line.
+    `trainer_options` holds the `tftrain.Trainer` options given
+    (`TRAINER_FLAGS` names -> values); the rest take `PROGRAM_TRAINER_DEFAULTS`
+    or the Trainer's defaults (`trainer_kwargs` gives them all).
     """
 
     # The reference's flags and defaults.
@@ -108,15 +149,15 @@ class Config:
     eval_timeout_s: float = 3600.0
     use_gpu: bool | None = None
     num_cpu_devices: int | None = None
-    mixed_precision: str | None = None
-    use_tf_function: bool = True
-    steps_per_loop: int = 1
     seed: int = 0
     verbose: int = 1
+    # The Trainer's other options (tftrain.flags): name -> value, those given.
+    trainer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [field.name for field in dataclasses.fields(cls)]
+        """The settings that are flags of their own name: every field but `trainer_options`."""
+        return [field.name for field in dataclasses.fields(cls) if field.name != "trainer_options"]
 
     @property
     def uses_cifar_stem(self) -> bool:
@@ -135,7 +176,6 @@ class Config:
             "train_batch_size",
             "eval_batch_size",
             "train_epochs",
-            "steps_per_loop",
             "proj_out_dim",
             "checkpoint_epochs",
             "keep_checkpoint_max",
@@ -167,6 +207,8 @@ class Config:
             _check_checkpoint_flag(self)
         if self.mode == "eval" and self.model_dir is None:
             raise ValueError("--mode=eval needs --model_dir holding a trained run's checkpoints.")
+        object.__setattr__(self, "trainer_options", dict(self.trainer_options))
+        _check_trainer_options(self)
 
 
 _ZERO_MEANS = {
@@ -256,6 +298,79 @@ def _check_model(config: Config) -> None:
         )
 
 
+def trainer_kwargs(config: Config) -> dict[str, Any]:
+    """The options of the `tftrain.Trainer` the program builds (all but the strategy).
+
+    The options given (`config.trainer_options`) over the program's defaults
+    (`PROGRAM_TRAINER_DEFAULTS`), and those it sets from its own flags
+    (`TRAINER_OPTIONS_SET_BY`); any other takes the Trainer's default.
+    """
+    return {
+        **PROGRAM_TRAINER_DEFAULTS,
+        **config.trainer_options,
+        "model_dir": config.model_dir,
+        "max_to_keep": config.keep_checkpoint_max,
+        "summary_every_steps": config.train_summary_steps or None,
+    }
+
+
+def trainer_option_value(config: Config, name: str) -> Any:
+    """The value the Trainer gets for option `name`: `trainer_kwargs`' or the Trainer's default."""
+    kwargs = trainer_kwargs(config)
+    return kwargs[name] if name in kwargs else inspect.signature(trainer_lib.Trainer).parameters[name].default
+
+
+def checkable(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` for `tftrain.trainer.check_options` without reaching a remote filesystem.
+
+    A remote `model_dir` (`gs://...`) stands in as a local directory for the
+    check of the options' combination: its path is checked when the Trainer
+    is made, where the run can reach it.
+    """
+    options = dict(options)
+    if "://" in str(options.get("model_dir") or ""):
+        options["model_dir"] = tempfile.gettempdir()
+    return options
+
+
+def _check_trainer_options(config: Config) -> None:
+    """The Trainer's options as the Trainer checks them, and as the program takes them."""
+    given = config.trainer_options
+    unknown = sorted(set(given) - set(trainer_lib.OPTION_NAMES))
+    if unknown:
+        raise ValueError(
+            f"Invalid value for argument `trainer_options`. Received: {unknown}, which are no options of "
+            f"tftrain.Trainer. Expected some of {', '.join(TRAINER_FLAGS)}."
+        )
+    clash = sorted(set(given) & set(TRAINER_OPTIONS_SET_BY))
+    if clash:
+        name = clash[0]
+        raise ValueError(
+            f"Invalid value for argument `trainer_options`. Received: {name}={given[name]!r}, which the "
+            f"program sets from {TRAINER_OPTIONS_SET_BY[name]}. Expected that flag instead."
+        )
+    if config.loop == "fit":
+        not_taken = [name for name in given if name not in FIT_LOOP_OPTIONS]
+        if not_taken:
+            raise ValueError(
+                f"--{', --'.join(not_taken)} set options of tftrain.Trainer.fit, but --loop=fit trains with "
+                f"keras Model.fit, which takes only --{', --'.join(FIT_LOOP_OPTIONS)}. Expected --loop=trainer "
+                "(the default), or none of them."
+            )
+        if not isinstance(trainer_option_value(config, "steps_per_loop"), int):
+            raise ValueError(
+                f"--steps_per_loop={given['steps_per_loop']} is the Trainer's choice, but --loop=fit trains "
+                "with keras Model.fit, whose steps_per_execution is a number. Expected a number of steps."
+            )
+    if given.get("resume_from") is not None and config.checkpoint is not None:
+        raise ValueError(
+            f"--resume_from={given['resume_from']} and --checkpoint={config.checkpoint} both set where "
+            "training starts: --checkpoint initialises the model only (as the reference), --resume_from "
+            "restores a whole training state (optimizer and step too). Expected one of them."
+        )
+    trainer_lib.check_options(**checkable(trainer_kwargs(config)))
+
+
 def _check_checkpoint_flag(config: Config) -> None:
     if config.mode == "eval":
         raise ValueError(
@@ -329,14 +444,20 @@ class Resolved:
     config: Config
     recipe: str
     sources: Mapping[str, str]
+    trainer_sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
-        """Every setting, its value and where it came from, one per line."""
+        """Every setting, its value and where it came from, one per line; then the Trainer's options."""
         recipe = RECIPES[self.recipe]
         lines = [f"SimCLR configuration (--recipe={recipe.name}: {recipe.purpose}):"]
-        width = max(map(len, self.sources))
+        width = max(map(len, [*self.sources, *self.trainer_sources]))
         for name, source in self.sources.items():
             lines.append(f"  {name:<{width}} = {getattr(self.config, name)!r:<24} ({source})")
+        if self.trainer_sources:
+            lines.append("tftrain.Trainer's other options (tftrain.flags):")
+        for name, source in self.trainer_sources.items():
+            value = trainer_option_value(self.config, name)
+            lines.append(f"  {name:<{width}} = {value!r:<24} ({source})")
         return "\n".join(lines)
 
 
@@ -345,16 +466,24 @@ def default_recipe(command_line: Mapping[str, Any]) -> str:
     return "reference" if "dataset" in command_line else "cpu_demo"
 
 
-def resolve(command_line: Mapping[str, Any], recipe: str | None = None) -> Resolved:
+def resolve(
+    command_line: Mapping[str, Any],
+    recipe: str | None = None,
+    *,
+    trainer_options: Mapping[str, Any] | None = None,
+) -> Resolved:
     """The configuration of a command: the command line over the recipe over the defaults.
 
     Args:
         command_line: The settings given on the command line (name -> value).
         recipe: A `RECIPES` name, or None for `default_recipe(command_line)`.
+        trainer_options: The Trainer's options given on the command line
+            (`TRAINER_FLAGS` names -> values; `Config.trainer_options`).
 
     Returns:
         The validated `Config`, the recipe's name and each setting's source
-        ("command line", "recipe <name>", "reference default" or "tftrain default").
+        ("command line", "recipe <name>", "reference default" or "tftrain
+        default"; for each of `TRAINER_FLAGS`, "command line" or "tftrain default").
 
     Raises:
         ValueError: an unknown recipe or setting, a command line value that
@@ -391,7 +520,11 @@ def resolve(command_line: Mapping[str, Any], recipe: str | None = None) -> Resol
         # A device the user asked for wins over the reference's --use_tpu=True they did not give.
         values["use_tpu"] = False
         sources["use_tpu"] = f"off: {device_flag} given"
-    return Resolved(Config(**values), name, sources)
+    trainer_options = dict(trainer_options or {})
+    trainer_sources = {
+        option: "command line" if option in trainer_options else "tftrain default" for option in TRAINER_FLAGS
+    }
+    return Resolved(Config(**values, trainer_options=trainer_options), name, sources, trainer_sources)
 
 
 def _device_flag_given(command_line: Mapping[str, Any]) -> str | None:

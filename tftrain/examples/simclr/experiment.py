@@ -180,9 +180,14 @@ def run(config: Config) -> dict[str, Any]:
         warmup_epochs=config.warmup_epochs,
         learning_rate_scaling=config.learning_rate_scaling,
     )
+    trainer_options = config_lib.trainer_kwargs(config)
+    steps_per_loop = trainer_options["steps_per_loop"]  # an int with --loop=fit (Config checks it)
     with strategy.scope():
         model = build_model(config, info.num_classes)
-        model.compile(optimizer=_optimizer(config, learning_rate), steps_per_execution=config.steps_per_loop)
+        model.compile(
+            optimizer=_optimizer(config, learning_rate),
+            steps_per_execution=steps_per_loop if isinstance(steps_per_loop, int) else 1,
+        )
         model.optimizer.build(model.trainable_variables)
     results: dict[str, Any] = {}
     if config.checkpoint is not None:
@@ -209,16 +214,7 @@ def run(config: Config) -> dict[str, Any]:
             num_replicas=replicas,
         )
 
-    trainer = tftrain.Trainer(
-        model,
-        strategy=strategy,
-        use_tf_function=config.use_tf_function,
-        steps_per_loop=config.steps_per_loop,
-        model_dir=config.model_dir,
-        max_to_keep=config.keep_checkpoint_max,
-        summary_every_steps=config.train_summary_steps or None,
-        mixed_precision=config.mixed_precision,
-    )
+    trainer = tftrain.Trainer(model, strategy=strategy, **trainer_options)
     train_seconds = 0.0
     if config.mode in ("train", "train_then_eval"):
         train_data = dataset(
@@ -236,8 +232,15 @@ def run(config: Config) -> dict[str, Any]:
             )
             results["timing"] = trainer.timing.to_dict() if trainer.timing else None
         else:
-            model.run_eagerly = not config.use_tf_function
-            callbacks = tftrain.callbacks.standard_callbacks(config.model_dir) if config.model_dir else []
+            model.run_eagerly = not trainer.options.use_tf_function
+            callbacks = []
+            if config.model_dir:
+                callbacks = tftrain.callbacks.standard_callbacks(
+                    config.model_dir,
+                    summary_every_steps=trainer.run_options.summary_every_steps,
+                    profile_steps=trainer.run_options.profile_steps,
+                    max_to_keep=trainer.run_options.max_to_keep,
+                )
             callbacks.append(_StopAtStep(total_steps))
             history = model.fit(
                 train_data,

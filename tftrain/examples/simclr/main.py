@@ -1,7 +1,10 @@
 """SimCLR pretraining, finetuning and evaluation: `python -m tftrain.examples.simclr`.
 
 Every flag of google-research/simclr's TF2 `run.py` exists here with its
-name, meaning and default; tftrain's own flags follow. A recipe
+name, meaning and default; tftrain's own flags follow, and `tftrain.flags`
+defines a flag for each `tftrain.Trainer` option the reference's flags do not
+set (`--steps_per_loop`, `--jit_compile`, `--async_checkpoint`, ...; listed
+apart by `--helpfull`). A recipe
 (`--recipe`, see `config.py`) replaces some defaults: without `--dataset` the
 `cpu_demo` recipe runs offline on 2 CPU cores in minutes; with `--dataset`
 the `reference` recipe keeps the reference's defaults, so its README commands
@@ -21,6 +24,7 @@ from __future__ import annotations
 from absl import app, flags
 
 import tftrain
+from tftrain import flags as trainer_flags
 from tftrain.examples.simclr import config as config_lib
 from tftrain.examples.simclr import experiment
 
@@ -176,19 +180,37 @@ flags.DEFINE_bool(
     "use_gpu", _D.use_gpu, "Train on the visible GPUs (default: when any is visible and not --use_tpu)."
 )
 flags.DEFINE_integer("num_cpu_devices", _D.num_cpu_devices, "Split the CPU into this many replicas.")
-flags.DEFINE_enum(
-    "mixed_precision", _D.mixed_precision, ["mixed_float16", "mixed_bfloat16"], "Mixed precision."
-)
-flags.DEFINE_bool("use_tf_function", _D.use_tf_function, "Run steps in tf.function (False: eagerly).")
-flags.DEFINE_integer("steps_per_loop", _D.steps_per_loop, "Training steps per host call.")
 flags.DEFINE_integer("seed", _D.seed, "Random seed.")
 flags.DEFINE_integer("verbose", _D.verbose, "0 silent, 1 progress bars, 2 one line per epoch.")
+
+
+# ---------------------------------------------------------------- the Trainer's other options (tftrain.flags)
+def _trainer_options_set_by_the_program() -> dict[str, object]:
+    """The program's `model_dir` for the Trainer flags' parse-time check: many options need one.
+
+    `--keep_checkpoint_max` and `--train_summary_steps` are checked with the
+    rest of the configuration (`config_lib.resolve`), under their own names.
+    """
+    return config_lib.checkable({"model_dir": FLAGS["model_dir"].value})
+
+
+trainer_flags.define_trainer_flags(
+    exclude=[*config_lib.TRAINER_OPTIONS_SET_BY, *config_lib.RUN_ARGUMENTS_SET_BY],
+    program_values=_trainer_options_set_by_the_program,
+)
+for _name, _default in config_lib.PROGRAM_TRAINER_DEFAULTS.items():
+    FLAGS.set_default(_name, str(_default))
 
 
 def resolve_flags() -> config_lib.Resolved:
     """The parsed flags resolved: the command line over the recipe over the defaults."""
     given = {name: FLAGS[name].value for name in config_lib.Config.field_names() if FLAGS[name].present}
-    return config_lib.resolve(given, FLAGS.recipe)
+    trainer_options = {  # the Trainer flags given (`trainer_kwargs` also reads the program's --model_dir)
+        name: value
+        for name, value in trainer_flags.trainer_kwargs().items()
+        if name in config_lib.TRAINER_FLAGS and FLAGS[name].present
+    }
+    return config_lib.resolve(given, FLAGS.recipe, trainer_options=trainer_options)
 
 
 def main(argv: list[str]) -> None:
