@@ -44,6 +44,7 @@ from typing import Any
 from absl import flags as absl_flags
 
 from tftrain import distribute
+from tftrain.checkpoint.run_record import COMMAND_LINE
 from tftrain.options import check_int
 from tftrain.trainer import OPTION_NAMES, Trainer, check_options
 
@@ -273,6 +274,8 @@ def program_hparams(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> di
 
     Every parsed flag is in it but those absl, TensorFlow, Keras,
     TensorBoard and tfds define; a list flag is one comma-separated string.
+    A resume says which flag changed; the command line itself is recorded
+    but not compared (its form changes with a flag's order or a flagfile).
 
     Returns:
         The values by name: `command_line` (e.g. `train.py --lr=0.1`), then
@@ -281,7 +284,7 @@ def program_hparams(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> di
     Raises:
         absl.flags.UnparsedFlagAccessError: the flags are not parsed yet (call it in `main`).
     """
-    values: dict[str, Any] = {"command_line": shlex.join(sys.argv)}
+    values: dict[str, Any] = {COMMAND_LINE: shlex.join(sys.argv)}  # recorded, not compared at a resume
     for module, module_flags in flag_values.flags_by_module_dict().items():
         if module.split(".")[0] in _LIBRARY_PACKAGES:
             continue

@@ -64,6 +64,19 @@ def test_a_new_learning_rate_and_target_are_taken_in_the_users_terms():
     ]
 
 
+def test_the_users_values_are_recorded_and_compared_but_the_command_line_only_recorded():
+    saved = _record()
+    saved.update({"hparams.seed": 0, "hparams.command_line": "train.py --seed=0 --flagfile=a.flags"})
+    now = _record()
+    now.update({"hparams.seed": 1, "hparams.command_line": "train.py --flagfile=/abs/a.flags --seed=1"})
+    comparison = run_record.compare(saved, now, mid_epoch=True)
+    assert comparison.taken_lines() == ["hparams.seed: 0 in the checkpoint, 1 now (yours)"]
+    built = run_record.build(
+        model=make_mlp(), dataset=None, adapter=None, replicas=1, settings={}, hparams={"seed": np.int64(3)}
+    )
+    assert built["hparams.seed"] == 3
+
+
 def test_another_optimizer_class_is_refused_once_not_per_hyperparameter():
     comparison = run_record.compare(
         _record(keras.optimizers.SGD(0.1)), _record(keras.optimizers.Adam(0.1)), mid_epoch=False

@@ -47,6 +47,7 @@ from tftrain.data.epoch_order import examples_in
 from tftrain.errors import RunChangedError
 
 __all__ = [
+    "COMMAND_LINE",
     "HPARAMS_PREFIX",
     "RECORD_KEY",
     "Change",
@@ -66,6 +67,10 @@ RECORD_KEY = "run_record"
 
 HPARAMS_PREFIX = "hparams."
 """Where the user's own values (`Trainer(hparams=...)`) are in the record: `hparams.<name>`."""
+
+COMMAND_LINE = "command_line"
+"""The user's value (`hparams["command_line"]`, e.g. from `tftrain.flags.program_hparams`) recorded, never compared:
+a rerun's command line differs in form (a flag's order, a flagfile's path), and each flag that changed is its own change."""
 
 RECORD_FILE = "run_record.json"
 """The readable copy in `model_dir` (the newest run's record and every change taken)."""
@@ -90,6 +95,8 @@ _REFUSED_BECAUSE = {
 # The layers' names: in the record to name a layer in a message, never compared
 # (Keras numbers unnamed layers per process: `dense_3` may be the same layer as `dense`).
 _LAYER_NAMES = "model.layer_names"
+
+_NOT_COMPARED = (_LAYER_NAMES, HPARAMS_PREFIX + COMMAND_LINE)
 
 # Keys that describe the training data: taken at an epoch boundary, refused mid-epoch.
 _DATA_KEYS = ("data.global_batch_size", "data.examples", "data.batches_per_pass", "data.element_spec", "data.order")
@@ -385,7 +392,7 @@ def compare(
     taken, refused = [], []
     for key in sorted(set(saved) | set(now)):
         before, after = saved.get(key), now.get(key)
-        if before == after or key == _LAYER_NAMES or (key == "optimizer.variables" and None in (before, after)):
+        if before == after or key in _NOT_COMPARED or (key == "optimizer.variables" and None in (before, after)):
             continue
         if key == "model.layers":
             refused.append(Change(key, before, after, REFUSED, tuple(now.get(_LAYER_NAMES) or ())))

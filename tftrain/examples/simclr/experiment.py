@@ -14,6 +14,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -146,8 +147,15 @@ def build_model(config: Config, num_classes: int) -> model_lib.SimCLRModel:
     return model
 
 
-def run(config: Config) -> dict[str, Any]:
-    """Runs the experiment; returns its results (also written to `model_dir/result.json`)."""
+def run(config: Config, *, hparams: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Runs the experiment; returns its results (also written to `model_dir/result.json`).
+
+    Args:
+        config: The experiment's settings.
+        hparams: Values to record with the run (`tftrain.Trainer(hparams=...)`:
+            the run record and TensorBoard's HParams tab), e.g. the
+            program's flags and command line; used with a `model_dir`.
+    """
     use_gpu = config.use_gpu
     if use_gpu is None:  # as the reference: MirroredStrategy over the visible GPUs unless on a TPU
         use_gpu = not config.use_tpu and bool(tf.config.list_physical_devices("GPU"))
@@ -214,6 +222,8 @@ def run(config: Config) -> dict[str, Any]:
             num_replicas=replicas,
         )
 
+    if hparams is not None and config.model_dir is not None:
+        trainer_options["hparams"] = hparams
     trainer = tftrain.Trainer(model, strategy=strategy, **trainer_options)
     train_seconds = 0.0
     if config.mode in ("train", "train_then_eval"):

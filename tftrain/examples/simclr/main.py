@@ -223,7 +223,7 @@ def main(argv: list[str]) -> None:
     print(resolved.describe(), flush=True)
     config = resolved.config
     try:
-        result = experiment.run(config)
+        result = experiment.run(config, hparams=trainer_flags.program_hparams())
     except experiment.FlagValueError as error:
         raise app.UsageError(str(error)) from None
     except tftrain.evaluation.EvaluationTimeoutError as error:
