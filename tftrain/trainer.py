@@ -450,11 +450,15 @@ class Trainer:
             NonFiniteLossError: a loss became NaN or infinite (with
                 `terminate_on_nan`, unless `callbacks` hold `TerminateOnNaN`).
         """
-        call = preparation.fit_call(
-            self, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
-            class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
-            validation_batch_size, validation_freq, total_steps, validation_every_steps,
+        arguments = preparation.FitArguments(
+            x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+            validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
+            class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+            validation_batch_size=validation_batch_size, validation_freq=validation_freq,
+            total_steps=total_steps, validation_every_steps=validation_every_steps,
         )  # fmt: skip
+        call = preparation.fit_call(self, arguments)
         history, self.timing = fit_loop.run_fit(self, call)
         return history
 
@@ -641,7 +645,7 @@ class Trainer:
                 is put back first.
             TypeError, ValueError: a bad `export` or `verbose`.
         """
-        fit_arguments = dict(
+        arguments = preparation.FitArguments(
             x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
             validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
             class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
@@ -649,7 +653,7 @@ class Trainer:
             validation_batch_size=validation_batch_size, validation_freq=validation_freq,
             total_steps=total_steps, validation_every_steps=validation_every_steps,
         )  # fmt: skip
-        return dry_run.run_check(self, fit_arguments, export=export, export_to=self.export, verbose=verbose)
+        return dry_run.run_check(self, arguments, export=export, export_to=self.export, verbose=verbose)
 
     def save(self, filepath: str, *, overwrite: bool = True) -> None:
         """Saves the model with its optimizer state to a `.keras` file (as `model.save`).

@@ -163,7 +163,7 @@ def check_export(export: Any) -> dict[str, Any] | None:
 
 def run_check(
     owner: StepOwner,
-    fit_arguments: Mapping[str, Any],
+    fit_arguments: preparation.FitArguments,
     *,
     export_to: Callable[..., None],
     export: Any = False,
@@ -176,7 +176,7 @@ def run_check(
 
     Args:
         owner: The owner of the steps.
-        fit_arguments: `fit`'s arguments by name (`preparation.fit_call`'s).
+        fit_arguments: `fit`'s arguments.
         export_to: Exports the model to a path, with keyword arguments
             (`Trainer.export`), where `export` asks for an export.
         export: `check`'s `export` (`check_export`): whether to export, or
@@ -292,12 +292,12 @@ class _DryRun:
     def __init__(
         self,
         owner: StepOwner,
-        fit_arguments: Mapping[str, Any],
+        fit_arguments: preparation.FitArguments,
         export: Callable[..., None] | None,
         export_arguments: dict[str, Any] | None,
     ):
         self.owner, self.engines = owner, owner.engines
-        self.fit_arguments = dict(fit_arguments)
+        self.fit_arguments = fit_arguments
         self.export_call, self.export_arguments = export, export_arguments or {}
         self.copy = StateCopy(owner)
         self.copy.take()
@@ -311,7 +311,7 @@ class _DryRun:
 
     def prepare(self) -> DryRunStage:
         start = time.perf_counter()
-        self.call = preparation.fit_call(self.owner, **self.fit_arguments)
+        self.call = preparation.fit_call(self.owner, self.fit_arguments)
         self.plans.append(self.call.plan)
         self.copy.take()  # variables the preparation built, at their initial values
         return DryRunStage(
@@ -437,12 +437,10 @@ class _DryRun:
     def _prediction_input(self) -> tuple[Any, str, int | None]:
         """What the predict stage reads: the validation data's inputs, else the training inputs (and their batch size)."""
         arguments = self.fit_arguments
-        validation_data = arguments.get("validation_data")
-        if validation_data is not None:
-            x = keras.utils.unpack_x_y_sample_weight(validation_data)[0]
-            batch_size = arguments.get("validation_batch_size") or arguments.get("batch_size")
-            return x, "validation_data", batch_size
-        return arguments.get("x"), "x", arguments.get("batch_size")
+        if arguments.validation_data is not None:
+            x = keras.utils.unpack_x_y_sample_weight(arguments.validation_data)[0]
+            return x, "validation_data", arguments.validation_batch_size or arguments.batch_size
+        return arguments.x, "x", arguments.batch_size
 
     def _directory(self) -> str:
         if self.directory is None:

@@ -61,27 +61,14 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     def validate() -> dict[str, Any]:  # a validation every N steps
         return inference.validate_mid_epoch(owner, call.validation.plan, callback_list)
 
-    run = run_setup.start_run(
-        owner.run_options,
-        model=model,
-        extra_state=owner.checkpoint_state,
-        plan=call.plan,
-        epochs=call.epochs,
+    parts = run_setup.RunParts(
         timer=measured,
         trace_counter=train_loop.trace_counter,
-        verbose=check_verbose(call.verbose),
-        strategy=engines.strategy,
-        total_steps=call.total_steps,
-        extra_services=_call_services(call, validate, step_history) + tuple(owner.services),
-        global_step=owner.global_step,
-        in_step_summaries=lambda: engines.in_step_summaries(
-            owner.run_options.model_dir, owner.run_options.summary_every_steps
-        ),
+        services=_call_services(call, validate, step_history) + tuple(owner.services),
         callbacks_decide_nan=callbacks_decide_nan,
-        recovery=owner.recovery,
-        averaged_weights=owner.averaged_weights if owner.ema_decay is not None else None,
         record=_run_record(owner, call) if owner.run_options.model_dir is not None else None,
     )
+    run = run_setup.start_run(owner, call, parts)
     try:
         epochs = _target_epochs(call, run)
         if epochs != call.epochs:  # a resumed step budget: the epochs that reach it from here

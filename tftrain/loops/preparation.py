@@ -31,7 +31,7 @@ from tftrain.options import (
     check_verbose,
 )
 
-__all__ = ["FitCall", "ValidationData", "build", "check_step", "fit_call", "plan_for", "plan_of"]
+__all__ = ["FitArguments", "FitCall", "ValidationData", "build", "check_step", "fit_call", "plan_for", "plan_of"]
 
 _MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
 
@@ -128,28 +128,40 @@ def build(owner: StepOwner, dataset: tf.data.Dataset) -> None:
     model_setup.build_variables(owner.model, dataset, owner.engines.strategy, default_train_step=default)
 
 
-def fit_call(
-    owner: StepOwner,
-    x: Any,
-    y: Any,
-    batch_size: int | None,
-    epochs: int,
-    verbose: int | str,
-    callbacks: Any,
-    validation_split: float,
-    validation_data: Any,
-    shuffle: bool | str,
-    class_weight: dict[int, float] | None,
-    sample_weight: Any,
-    initial_epoch: int,
-    steps_per_epoch: int | None,
-    validation_steps: int | None,
-    validation_batch_size: int | None,
-    validation_freq: int | list[int],
-    total_steps: int | None,
-    validation_every_steps: int | None,
-) -> FitCall:
-    """`Trainer.fit`'s arguments (in its order) checked and adapted into a `FitCall`, its variables built."""
+@dataclasses.dataclass(frozen=True)
+class FitArguments:
+    """`Trainer.fit`'s arguments as the user gave them, by name (Keras's `fit` and tftrain's budget).
+
+    One object crosses from the facade to the preparation (`fit_call`) and
+    to the dry run (`Trainer.check`), which take `fit`'s arguments alike.
+    """
+
+    x: Any = None
+    y: Any = None
+    batch_size: int | None = None
+    epochs: int = 1
+    verbose: int | str = "auto"
+    callbacks: Any = None
+    validation_split: float = 0.0
+    validation_data: Any = None
+    shuffle: bool | str = True
+    class_weight: dict[int, float] | None = None
+    sample_weight: Any = None
+    initial_epoch: int = 0
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    validation_batch_size: int | None = None
+    validation_freq: int | list[int] = 1
+    total_steps: int | None = None
+    validation_every_steps: int | None = None
+
+
+def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
+    """`Trainer.fit`'s arguments checked and adapted into a `FitCall`, its variables built."""
+    x, y, sample_weight = arguments.x, arguments.y, arguments.sample_weight
+    batch_size, epochs, initial_epoch = arguments.batch_size, arguments.epochs, arguments.initial_epoch
+    validation_data, validation_freq = arguments.validation_data, arguments.validation_freq
+    total_steps, verbose, callbacks = arguments.total_steps, arguments.verbose, arguments.callbacks
     check_int("epochs", epochs, 0)
     check_int("initial_epoch", initial_epoch, 0)
     check_verbose(verbose)
@@ -157,18 +169,18 @@ def fit_call(
     epochs = inputs.keras_epoch_limit(epochs)
     check_step(owner, "train")
     fit_checks.check_resume_sources(callbacks, owner.run_options.model_dir)
-    if check_validation_split(validation_split) and validation_data is None:
+    if check_validation_split(arguments.validation_split) and validation_data is None:
         (x, y, sample_weight), validation_data = inputs.split_validation(
-            x, y, sample_weight, validation_split
+            x, y, sample_weight, arguments.validation_split
         )
     train = inputs.adapt(
         x,
         y,
         sample_weight,
         batch_size=batch_size,
-        steps=steps_per_epoch,
-        shuffle=shuffle,
-        class_weight=class_weight,
+        steps=arguments.steps_per_epoch,
+        shuffle=arguments.shuffle,
+        class_weight=arguments.class_weight,
     )
     if check_int("total_steps", total_steps, optional=True) is not None:
         train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
@@ -186,14 +198,14 @@ def fit_call(
     if validation_data is not None:
         check_step(owner, "eval")
         val_x, val_y, val_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
-        val_batch_size = validation_batch_size or (
+        val_batch_size = arguments.validation_batch_size or (
             batch_size if inputs.input_kind(val_x) == "arrays" else None
         )
         count = sum(fit_checks.should_validate(e, validation_freq) for e in range(initial_epoch, epochs))
 
         def open_validation() -> EpochPlan:
             adapted = inputs.adapt(
-                val_x, val_y, val_weight, batch_size=val_batch_size, steps=validation_steps,
+                val_x, val_y, val_weight, batch_size=val_batch_size, steps=arguments.validation_steps,
                 argument="validation_data", steps_argument="validation_steps",
             )  # fmt: skip
             validation_plan = plan_for(owner, "eval", adapted, "validation_data")
@@ -203,10 +215,17 @@ def fit_call(
             return validation_plan
 
         validation = ValidationData(open_validation, deferred=inputs.read_to_adapt(val_x))
-    check_validation_every_steps(validation_every_steps, validation is not None)
+    check_validation_every_steps(arguments.validation_every_steps, validation is not None)
     plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
     build(owner, plan.dataset)
     return FitCall(
-        plan, validation, epochs, initial_epoch, total_steps, callbacks, verbose, validation_freq,
-        validation_every_steps,
-    )  # fmt: skip
+        plan=plan,
+        validation=validation,
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        total_steps=total_steps,
+        callbacks=callbacks,
+        verbose=verbose,
+        validation_freq=validation_freq,
+        validation_every_steps=arguments.validation_every_steps,
+    )
