@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import keras
 
+from tftrain import arguments, summaries
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import options, summaries
+from tftrain.arguments import check_int
 from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.compat import keras_internals
 from tftrain.engine import calls
 from tftrain.loops import run_setup
-from tftrain.options import check_int
 from tftrain.services.profiler import ProfilerService
 from tftrain.services.protocol import Service
 from tftrain.services.tensorboard import SummaryService
@@ -157,9 +157,9 @@ class TensorBoardSummaries(ServicesCallback):
     ):
         super().__init__()
         self.log_dir = checkpoint_lib.ensure_writable_directory(log_dir, "log_dir")
-        options.check_every_steps(every_steps, "every_steps")
+        arguments.check_every_steps(every_steps, "every_steps")
         self.every_steps = every_steps
-        self.profile_steps = options.check_profile_steps(profile_steps)
+        self.profile_steps = arguments.check_profile_steps(profile_steps)
         self.timing = timing
 
     def make_services(self) -> list[Service]:
@@ -167,7 +167,7 @@ class TensorBoardSummaries(ServicesCallback):
         if self.profile_steps is not None:
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
             total = steps * epochs if steps and epochs else None
-            window = options.check_profile_steps(self.profile_steps, total)
+            window = arguments.check_profile_steps(self.profile_steps, total)
             services.append(
                 ProfilerService(summaries.ProfileWindow(ModelDirLayout(self.log_dir).train, window))
             )

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-# `check_every_steps` and `check_profile_steps` live in `tftrain.options`; they stay importable here.
-from tftrain.options import check_every_steps, check_profile_steps  # noqa: F401
+# `check_every_steps` and `check_profile_steps` live in `tftrain.arguments`; they stay importable here.
+from tftrain.arguments import check_every_steps, check_profile_steps  # noqa: F401
 
 TRAIN_RUN = "train"
 VALIDATION_RUN = "validation"

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tftrain.arguments import check_int
 from tftrain.checkpoint import files, native_log
 from tftrain.checkpoint.files import CHECKPOINT_NAME
 from tftrain.checkpoint.state import SERVICE_STATES_KEY, Progress, parse_service_states
@@ -42,7 +43,6 @@ from tftrain.checkpoint.validation import (
 from tftrain.checkpoint.writer_lock import lost_directory_error
 from tftrain.compat import keras_internals
 from tftrain.errors import CheckpointWriteError, ModelDirError, NonFiniteStateError
-from tftrain.options import check_int
 
 
 class ValidatedCheckpoint(NamedTuple):

@@ -13,11 +13,11 @@ import keras
 import tensorflow as tf
 
 from tftrain import precision
+from tftrain.arguments import check_jit_compile
 from tftrain.compat import keras_internals
 from tftrain.data import fit_checks, inputs
 from tftrain.engine import strategy_checks
 from tftrain.model import CustomModel
-from tftrain.options import check_jit_compile
 
 _DEFAULT_MODEL_STEPS = {
     "train_step": (keras.Model.train_step, CustomModel.train_step),

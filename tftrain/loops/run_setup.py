@@ -35,12 +35,13 @@ import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import distribute, summaries, timing
+from tftrain.arguments import check_profile_steps
 from tftrain.checkpoint import data_position, run_record
 from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.checkpoint.writer_lock import WriterLock, check_writer
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.loops.training_run import TrainingRun, close_all
-from tftrain.options import RunOptions, check_profile_steps
+from tftrain.options import RunOptions
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.data_position import DataCheckpointService
