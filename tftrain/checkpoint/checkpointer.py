@@ -397,25 +397,6 @@ class Checkpointer:
         state_root.read(path).expect_partial().assert_existing_objects_matched()
         return Progress(**{name: int(variable.numpy()) for name, variable in progress.items()})
 
-    def read_service_states(self, path: str | None = None) -> dict[str, Any] | None:
-        """The services' states saved in a checkpoint, read without restoring anything.
-
-        Args:
-            path: A checkpoint path prefix; None: the latest checkpoint.
-
-        Returns:
-            The states by service name; None if there is no checkpoint or it cannot be read.
-        """
-        path = path if path is not None else self.latest
-        if path is None:
-            return None
-        try:
-            reader = tf.train.load_checkpoint(path)
-            saved = reader.get_tensor(SERVICE_STATES_KEY) if reader.has_tensor(SERVICE_STATES_KEY) else b""
-            return parse_service_states(saved)
-        except Exception:  # a damaged checkpoint (any read error): nothing to tell
-            return None
-
     # ------------------------------------------------------------------- save
 
     def check_finite(self) -> None:
