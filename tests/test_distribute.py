@@ -113,6 +113,15 @@ def test_describe_names_the_strategy_replicas_and_devices():
     )
 
 
+def test_is_default_strategy_only_outside_every_scope():
+    default, one_device = tf.distribute.get_strategy(), tf.distribute.OneDeviceStrategy("/cpu:0")
+    assert distribute.is_default_strategy(default)
+    assert not distribute.is_default_strategy(one_device)
+    with one_device.scope():
+        assert not distribute.is_default_strategy(default)
+        assert not distribute.is_default_strategy(tf.distribute.get_strategy())
+
+
 @pytest.mark.parametrize("num_gpus", [1, 2, 4])
 def test_gpus_give_mirrored_strategy_with_nccl_above_one(num_gpus, monkeypatch, caplog):
     fake_gpus(monkeypatch, num_gpus)

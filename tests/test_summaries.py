@@ -134,19 +134,6 @@ def test_learning_rate_of_no_optimizer_is_none():
 # -------------------------------------------------------- steps arithmetic
 
 
-def test_due_crosses_every_n_step_marks():
-    writer = summaries.TrainingSummaries("unused", every_steps=3)
-    assert not writer.due(0, 1)
-    assert not writer.due(1, 2)
-    assert writer.due(2, 3)
-    assert not writer.due(3, 4)
-    assert writer.due(4, 7)  # a host call of 3 steps crossing the mark at 6
-    assert writer.due(0, 10)
-    assert not writer.due(6, 8)
-    assert summaries.TrainingSummaries("unused", every_steps=1).due(5, 6)
-    assert not summaries.TrainingSummaries("unused").due(0, 100)
-
-
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "2"])
 def test_check_every_steps_rejects_bad_values(value):
     with pytest.raises(ValueError, match="summary_every_steps"):

@@ -1,5 +1,8 @@
 """Keras callbacks that give `keras.Model.fit` what `tftrain.Trainer` has built in.
 
+`Timing` measures `model.fit` as the Trainer measures itself (the same
+`tftrain.timing.TimingReport`); `TensorBoardSummaries` and
+`CheckpointAndResume` drive the Trainer's services from `fit`'s hooks.
 `standard_callbacks(model_dir)` returns the set for a model directory:
 `Timing`, `TensorBoardSummaries` and `CheckpointAndResume`, so a
 `tftrain.CustomModel` trained with `model.fit` gets the same timing report,
@@ -13,21 +16,145 @@ Example:
 
 from __future__ import annotations
 
-import keras
+import types
 
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tftrain import arguments, summaries
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import options, summaries
+from tftrain.arguments import check_int
 from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.compat import keras_internals
 from tftrain.engine import calls
 from tftrain.loops import run_setup
-from tftrain.options import check_int
+from tftrain.options import EngineOptions
 from tftrain.services.profiler import ProfilerService
 from tftrain.services.protocol import Service
 from tftrain.services.tensorboard import SummaryService
-from tftrain.timing import Timing
+from tftrain.timing import StepTimer, TimingReport, TraceCounter
 
 __all__ = ["CheckpointAndResume", "ServicesCallback", "TensorBoardSummaries", "Timing", "standard_callbacks"]
+
+
+class Timing(keras.callbacks.Callback):
+    """Keras callback that measures `model.fit` like `Trainer.fit` measures itself.
+
+    After training, `callback.report` is a `TimingReport`. Trace counting wraps
+    the model's `train_step` (the model's train function is rebuilt once for
+    that); examples are counted in the graph, so `examples_per_sec` is right
+    for partial batches and under a distribution strategy.
+
+    Example:
+        ```python
+        timing = tftrain.callbacks.Timing()
+        model.fit(dataset, epochs=2, callbacks=[timing])
+        print(timing.report.summary())
+        ```
+
+    Args:
+        verbose: If true, print the summary when training ends.
+    """
+
+    def __init__(self, verbose: bool = False):
+        super().__init__()
+        self.verbose = verbose
+        self.report: TimingReport | None = None
+        self._timer = StepTimer()
+        self._counter = TraceCounter("train_step", "data")
+        self._traces_at_call_start = 0
+        self._counts_at_call_start = np.zeros(2, np.int64)
+
+    @property
+    def timer(self) -> StepTimer:
+        """The callback's `StepTimer` (read by `TensorBoardSummaries` for throughput)."""
+        return self._timer
+
+    def set_model(self, model: keras.Model) -> None:
+        super().set_model(model)
+        hook = getattr(model, "_tftrain_timing_hook", None)
+        if hook is None:
+            hook = _install_timing_hook(model)
+        hook.callback = self
+
+    def on_train_begin(self, logs=None):
+        self._timer.reset()
+        self._counter.count = 0
+        self.report = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._traces_at_call_start = self._counter.count
+        self._counts_at_call_start = self._read_counts()
+        self._timer.begin_call()
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps, examples = self._read_counts() - self._counts_at_call_start  # also syncs
+        self._timer.end_call(
+            steps=int(steps),
+            examples=int(examples),
+            traced=self._counter.count != self._traces_at_call_start,
+        )
+
+    def _read_counts(self) -> np.ndarray:
+        counts = self.model._tftrain_timing_hook.counts.numpy()
+        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        return np.array([counts[0] // replicas, counts[1]], np.int64)
+
+    def on_train_end(self, logs=None):
+        self.report = self._timer.report(self._counter.count, engine=fit_engine_name(self.model))
+        self.model._tftrain_timing_hook.callback = None
+        if self.verbose:
+            print(self.report.summary())
+
+
+def fit_engine_name(model: keras.Model) -> str:
+    """The engine `model.fit` runs for a compiled model, named as the Trainer names its engines.
+
+    From the model's `run_eagerly`, resolved `jit_compile` (Keras ignores it
+    for an eager model) and `steps_per_execution`, e.g. `"xla+loop4"`.
+    """
+    eager = bool(getattr(model, "run_eagerly", False))
+    return EngineOptions(
+        use_tf_function=not eager,
+        jit_compile=bool(getattr(model, "jit_compile", False)) and not eager,
+        steps_per_loop=int(getattr(model, "steps_per_execution", 1) or 1),
+    ).name
+
+
+def _install_timing_hook(model: keras.Model) -> types.SimpleNamespace:
+    """Wraps `model.train_step` once so that every step is counted in the graph.
+
+    The counts variable belongs to the model (a traced train function keeps
+    using the variable it captured); the active `Timing` callback, if any,
+    is told about traces.
+    """
+    with model.distribute_strategy.scope():
+        # [steps, examples], summed over replicas when read.
+        counts = tf.Variable(
+            [0, 0],
+            dtype=tf.int64,
+            trainable=False,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+    # Not a dict: Keras would store a tracked copy of a dict attribute.
+    hook = types.SimpleNamespace(callback=None, counts=counts)
+    original = model.train_step
+
+    def train_step(data):
+        callback = hook.callback
+        if callback is not None and not tf.executing_eagerly():
+            callback._counter._record(data)
+        size = tf.cast(tf.shape(tf.nest.flatten(data)[0])[0], tf.int64)
+        counts.assign_add(tf.stack([tf.constant(1, tf.int64), size]))
+        return original(data)
+
+    model.train_step = train_step
+    model._tftrain_timing_hook = hook
+    # Keras caches the train function built from the old `train_step`.
+    model.train_function = None
+    return hook
 
 
 class ServicesCallback(keras.callbacks.Callback):
@@ -157,9 +284,9 @@ class TensorBoardSummaries(ServicesCallback):
     ):
         super().__init__()
         self.log_dir = checkpoint_lib.ensure_writable_directory(log_dir, "log_dir")
-        options.check_every_steps(every_steps, "every_steps")
+        arguments.check_every_steps(every_steps, "every_steps")
         self.every_steps = every_steps
-        self.profile_steps = options.check_profile_steps(profile_steps)
+        self.profile_steps = arguments.check_profile_steps(profile_steps)
         self.timing = timing
 
     def make_services(self) -> list[Service]:
@@ -167,7 +294,7 @@ class TensorBoardSummaries(ServicesCallback):
         if self.profile_steps is not None:
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
             total = steps * epochs if steps and epochs else None
-            window = options.check_profile_steps(self.profile_steps, total)
+            window = arguments.check_profile_steps(self.profile_steps, total)
             services.append(
                 ProfilerService(summaries.ProfileWindow(ModelDirLayout(self.log_dir).train, window))
             )

@@ -119,6 +119,22 @@ def describe(strategy: tf.distribute.Strategy) -> str:
     return f"{_PUBLIC_NAMES.get(name, name)}: {replicas} replica{'' if replicas == 1 else 's'} on {devices}"
 
 
+def is_default_strategy(strategy: tf.distribute.Strategy) -> bool:
+    """Whether `strategy` is TensorFlow's default strategy, with no strategy's scope entered.
+
+    The default strategy is one device without distribution: no
+    `strategy.run`, no distributed dataset and no distributed variable is
+    needed under it. Inside another strategy's scope it is not the default.
+
+    Args:
+        strategy: Any `tf.distribute.Strategy`.
+
+    Returns:
+        True for the default strategy outside every scope.
+    """
+    return strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+
+
 def _check_arguments(
     use_gpu, use_tpu, tpu, tf_config, num_cpu_devices, collective_timeout, tpu_timeout
 ) -> None:

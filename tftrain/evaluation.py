@@ -23,13 +23,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain import options, summaries
+from tftrain import arguments, summaries
+from tftrain.arguments import check_int
 from tftrain.checkpoint import CheckpointError, IncompatibleCheckpointError, restore_model
 from tftrain.checkpoint.layout import EVAL_RUN, LOCK_NAME, ModelDirLayout
 from tftrain.checkpoint.validation import VARIABLE_SUFFIX
 from tftrain.checkpoint.writer_lock import live_writer
 from tftrain.errors import EvaluationTimeoutError
-from tftrain.options import check_int
 
 __all__ = ["EVAL_RUN", "RESULTS_FILE", "EvaluationTimeoutError", "evaluate_continuously", "read_results"]
 
@@ -217,7 +217,7 @@ def _check_arguments(
             "again for each checkpoint: arrays, a tf.data.Dataset or a keras.utils.PyDataset (a "
             "generator or iterator would be used up by the first evaluation)."
         )
-    options.check_verbose(verbose)
+    arguments.check_verbose(verbose)
     _check_seconds("timeout_s", timeout_s, optional=True)
     _check_seconds("poll_interval_s", poll_interval_s)
     check_int("last_step", last_step, optional=True)
@@ -228,7 +228,7 @@ def _check_arguments(
             "`model_dir`. Expected the directory of the training run to evaluate "
             "(`Trainer(..., model_dir=...)` or `model_dir=...`)."
         )
-    model_dir = options.check_path_not_empty(model_dir, "model_dir")
+    model_dir = arguments.check_path_not_empty(model_dir, "model_dir")
     if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
         raise ValueError(
             f"Invalid value for argument `model_dir`. Received: model_dir={model_dir!r}, a file. "

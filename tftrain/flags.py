@@ -44,8 +44,8 @@ from typing import Any
 from absl import flags as absl_flags
 
 from tftrain import distribute
+from tftrain.arguments import check_int
 from tftrain.checkpoint.run_record import COMMAND_LINE
-from tftrain.options import check_int
 from tftrain.trainer import OPTION_NAMES, Trainer, check_options
 
 __all__ = [

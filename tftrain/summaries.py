@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-# `check_every_steps` and `check_profile_steps` live in `tftrain.options`; they stay importable here.
-from tftrain.options import check_every_steps, check_profile_steps  # noqa: F401
+# `check_every_steps` and `check_profile_steps` live in `tftrain.arguments`; they stay importable here.
+from tftrain.arguments import check_every_steps, check_profile_steps  # noqa: F401
 
 TRAIN_RUN = "train"
 VALIDATION_RUN = "validation"
@@ -59,7 +59,9 @@ class TrainingSummaries:
         log_dir: The run's directory; event files go to `log_dir/train` and
             `log_dir/validation`.
         every_steps: Also write the training logs every this many steps
-            (None: only at epoch ends).
+            (None: only at epoch ends). The writer does not count steps: the
+            summary service calls `on_steps` at these marks
+            (`tftrain.services.EveryNSteps`).
 
     Raises:
         ValueError: `every_steps` is not None or an integer >= 1.
@@ -86,10 +88,6 @@ class TrainingSummaries:
         with tf.init_scope(), self.writer(run).as_default(step=step), tf.summary.record_if(True):
             for name, value in values.items():
                 tf.summary.scalar(name, value)
-
-    def due(self, step_before: int, step_after: int) -> bool:
-        """Whether a host call that took the run from `step_before` to `step_after` crossed an N-step mark."""
-        return bool(self.every_steps) and step_after // self.every_steps > step_before // self.every_steps
 
     def on_steps(
         self,

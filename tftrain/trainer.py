@@ -21,12 +21,13 @@ import keras
 import tensorflow as tf
 
 from tftrain import ema, evaluation, precision, timing
+from tftrain.arguments import check_jit_compile
 from tftrain.compat import keras_internals
 from tftrain.engine import model_setup
 from tftrain.loops import dry_run, fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
-from tftrain.options import EngineOptions, RunOptions, check_engine_options, check_jit_compile
+from tftrain.options import EngineOptions, RunOptions, check_engine_options
 from tftrain.services.loss_recovery import RecoveryPolicy, keep_every_steps_for
 from tftrain.services.protocol import Service, check_services
 

@@ -17,7 +17,7 @@ import keras
 
 from tftrain.bench.segments import Lane, SegmentCallback
 from tftrain.bench.workloads import WorkloadData
-from tftrain.timing import Timing
+from tftrain.callbacks import Timing
 from tftrain.trainer import Trainer
 
 

@@ -1,7 +1,7 @@
 """Checkpoints for exact resume: what is saved, crash-safe saving, validated restore.
 
 The storage layer. It knows nothing of the loop or of services: it imports
-only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
+only lower layers (`tftrain.data`, `summaries`, `arguments`, `compat`, `errors`).
 
 - `checkpointer`: `Checkpointer` (save; find -> validate -> restore).
 - `state`: what a checkpoint holds (`Progress`, `training_state`), and
@@ -20,6 +20,7 @@ only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
   and compared at every resume (changes taken, or refused).
 """
 
+from tftrain.arguments import check_directory_path
 from tftrain.checkpoint.checkpointer import Checkpointer, ValidatedCheckpoint
 from tftrain.checkpoint.files import CHECKPOINT_NAME
 from tftrain.checkpoint.state import Progress, restore_model, seed_generator_states, training_state
@@ -35,7 +36,6 @@ from tftrain.errors import (
     NonFiniteStateError,
     RunChangedError,
 )
-from tftrain.options import check_directory_path
 
 __all__ = [
     "restore_model",

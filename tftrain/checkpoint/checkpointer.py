@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tftrain.arguments import check_int
 from tftrain.checkpoint import files, native_log
 from tftrain.checkpoint.files import CHECKPOINT_NAME
 from tftrain.checkpoint.state import SERVICE_STATES_KEY, Progress, parse_service_states
@@ -42,7 +43,6 @@ from tftrain.checkpoint.validation import (
 from tftrain.checkpoint.writer_lock import lost_directory_error
 from tftrain.compat import keras_internals
 from tftrain.errors import CheckpointWriteError, ModelDirError, NonFiniteStateError
-from tftrain.options import check_int
 
 
 class ValidatedCheckpoint(NamedTuple):
@@ -396,25 +396,6 @@ class Checkpointer:
         check_compatible(path, reader, state_root, only=tuple(self._state_fn()))
         state_root.read(path).expect_partial().assert_existing_objects_matched()
         return Progress(**{name: int(variable.numpy()) for name, variable in progress.items()})
-
-    def read_service_states(self, path: str | None = None) -> dict[str, Any] | None:
-        """The services' states saved in a checkpoint, read without restoring anything.
-
-        Args:
-            path: A checkpoint path prefix; None: the latest checkpoint.
-
-        Returns:
-            The states by service name; None if there is no checkpoint or it cannot be read.
-        """
-        path = path if path is not None else self.latest
-        if path is None:
-            return None
-        try:
-            reader = tf.train.load_checkpoint(path)
-            saved = reader.get_tensor(SERVICE_STATES_KEY) if reader.has_tensor(SERVICE_STATES_KEY) else b""
-            return parse_service_states(saved)
-        except Exception:  # a damaged checkpoint (any read error): nothing to tell
-            return None
 
     # ------------------------------------------------------------------- save
 

@@ -36,7 +36,7 @@ class ModelDirLayout:
     """The paths under one `model_dir`.
 
     Args:
-        root: The directory, as checked by `tftrain.options.check_directory_path`
+        root: The directory, as checked by `tftrain.arguments.check_directory_path`
             (never empty).
     """
 

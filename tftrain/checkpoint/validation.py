@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
+from tftrain.arguments import check_directory_path
 from tftrain.compat import keras_internals
 from tftrain.errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
-from tftrain.options import check_directory_path
 
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"

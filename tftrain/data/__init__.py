@@ -13,13 +13,14 @@ and `synthetic`. Its modules:
 - `fit_checks`: checks of the data against the model and the call.
 - `catalog`, `shapes`, `tfds_loading`: the named datasets.
 
-May import: `tftrain.options`, `compat`, `errors`. Nothing above it.
+May import: `tftrain.options`, `arguments`, `compat`, `errors`. Nothing above it.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from tftrain.arguments import check_int
 from tftrain.data.catalog import (
     DEFAULT_IMAGE_SIZE,
     GENERATED_DATASETS,
@@ -35,7 +36,6 @@ from tftrain.data.catalog import (
     split_error,
 )
 from tftrain.errors import DatasetUnavailableError
-from tftrain.options import check_int
 
 __all__ = [
     "DEFAULT_IMAGE_SIZE",

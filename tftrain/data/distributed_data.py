@@ -20,6 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tftrain import distribute
 from tftrain.compat import keras_internals
 
 __all__ = ["DistributedData", "check_strategy", "iterate"]
@@ -122,7 +123,7 @@ def check_strategy(data: DistributedData, strategy: tf.distribute.Strategy, argu
         return
     if data.strategy.num_replicas_in_sync == strategy.num_replicas_in_sync:
         return
-    if strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+    if distribute.is_default_strategy(strategy):
         trainers = "the default strategy of one replica (no `strategy=`, and a model built outside any scope)"
     else:
         trainers = _described(strategy)

@@ -21,9 +21,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain.arguments import check_int
 from tftrain.compat import keras_internals
 from tftrain.data.distributed_data import DistributedData
-from tftrain.options import check_int
 
 INPUT_KINDS = ("dataset", "distributed", "arrays", "py_dataset", "generator")
 """The kinds of input `adapt` tells apart (`AdaptedInput.kind`)."""

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tftrain.arguments import check_int
 from tftrain.data.catalog import SHAPES_CLASS_NAMES as CLASS_NAMES
-from tftrain.options import check_int
 
 SPLITS = ("train", "test")
 """Splits of the generated datasets."""

@@ -13,5 +13,5 @@
   its traced graph, and the devices' peak FLOP/s (`Trainer(count_flops=True)`).
 
 May import: `tftrain.data`, `timing`, `distribute`, `model`, `precision`, `options`,
-`compat`, `errors`. Never the checkpoint, services or loops layers.
+`arguments`, `compat`, `errors`. Never the checkpoint, services or loops layers.
 """

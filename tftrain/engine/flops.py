@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain import timing
+from tftrain import distribute, timing
 from tftrain.compat import keras_internals
 from tftrain.engine import graph_flops
 from tftrain.engine import peak_flops as peaks
@@ -129,7 +129,7 @@ def step_flops(
 
 
 def _local_replicas(strategy: tf.distribute.Strategy) -> int:
-    if strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+    if distribute.is_default_strategy(strategy):
         return 1
     return len(strategy.extended.worker_devices)
 

@@ -12,12 +12,12 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain import precision
+from tftrain import distribute, precision
+from tftrain.arguments import check_jit_compile
 from tftrain.compat import keras_internals
 from tftrain.data import fit_checks, inputs
 from tftrain.engine import strategy_checks
 from tftrain.model import CustomModel
-from tftrain.options import check_jit_compile
 
 _DEFAULT_MODEL_STEPS = {
     "train_step": (keras.Model.train_step, CustomModel.train_step),
@@ -155,7 +155,7 @@ def resolve_jit_compile(
     jit_compile = check_jit_compile(jit_compile)
     if jit_compile != "auto":
         return jit_compile
-    default_strategy = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    default_strategy = distribute.is_default_strategy(strategy)
     if not use_tf_function or not default_strategy:
         return False
     return keras_internals.resolve_auto_jit_compile(model)

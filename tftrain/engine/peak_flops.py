@@ -24,6 +24,8 @@ import re
 
 import tensorflow as tf
 
+from tftrain import distribute
+
 __all__ = ["DEVICE_PEAKS", "DevicePeak", "available_peak_flops", "find_device", "lookup_peak_flops"]
 
 
@@ -124,7 +126,7 @@ def available_peak_flops(strategy: tf.distribute.Strategy, dtype: str) -> tuple[
         `(peak, None)`, or `(None, why)`: `why` is None on CPUs (no table entry,
         nothing to warn about) and says what is missing otherwise.
     """
-    default = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    default = distribute.is_default_strategy(strategy)
     devices = () if default else tuple(strategy.extended.worker_devices)
     if any("TPU" in device.upper() for device in devices):
         device_name = os.environ.get("TPU_ACCELERATOR_TYPE")

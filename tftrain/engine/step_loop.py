@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tftrain import timing
+from tftrain import distribute, timing
 from tftrain.compat import keras_internals
 from tftrain.data import inputs
 from tftrain.engine import graph_loops, step_outputs
@@ -482,7 +482,7 @@ def make_loop(
 
     # Without a strategy, `strategy.run` only adds host work (autograph
     # conversion, replica-context push/pop), which is felt in eager mode.
-    single_device = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    single_device = distribute.is_default_strategy(strategy)
     if single_device:
         step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
         if options.use_tf_function:

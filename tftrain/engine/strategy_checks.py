@@ -12,7 +12,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain.distribute import describe
+from tftrain.distribute import describe, is_default_strategy
 
 
 def check_model_in_scope(model: Any, strategy: tf.distribute.Strategy) -> None:
@@ -30,7 +30,7 @@ def check_model_in_scope(model: Any, strategy: tf.distribute.Strategy) -> None:
     Raises:
         ValueError: naming the first variable that does not belong, and the fix.
     """
-    default = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    default = is_default_strategy(strategy)
     for variable in _model_variables(model):
         value = getattr(variable, "value", variable)
         distributed = isinstance(value, tf.distribute.DistributedValues)
@@ -117,7 +117,7 @@ def adopt_optimizer(optimizer: Any, strategy: tf.distribute.Strategy) -> Any:
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         return optimizer
-    default = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    default = is_default_strategy(strategy)
     if default or not any(_outside_scope(v, strategy) for v in optimizer.variables):
         return optimizer
     where = (

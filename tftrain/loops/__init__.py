@@ -16,5 +16,5 @@ A `fit` call goes `tftrain.trainer` -> `fit_loop` -> `epoch_loop` ->
 - `hooks`: Keras callback plumbing (batch hooks).
 
 May import every lower layer (`services`, `checkpoint`, `engine`, `data`,
-the public leaf modules, `options`, `compat`, `errors`); never the Trainer.
+the public leaf modules, `options`, `arguments`, `compat`, `errors`); never the Trainer.
 """

@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
+from tftrain.arguments import check_verbose
 from tftrain.data import inputs
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine.calls import LoopResult
@@ -49,7 +50,6 @@ from tftrain.errors import DryRunError, NonFiniteLossError
 from tftrain.loops import preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.state_copy import StateCopy
-from tftrain.options import check_verbose
 
 __all__ = ["STAGES", "DryRunReport", "DryRunStage", "check_export", "run_check"]
 

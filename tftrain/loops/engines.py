@@ -124,7 +124,7 @@ class Engines:
 
     def plan(self, data: inputs.AdaptedInput) -> EpochPlan:
         """The pass-by-pass plan over adapted inputs: plain iterators, or distributed under a strategy."""
-        if self.strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+        if distribute.is_default_strategy(self.strategy):
             return EpochPlan(data, make_iterator=iter)
         return EpochPlan(
             data, make_iterator=lambda dataset: iter(self.strategy.experimental_distribute_dataset(dataset))

@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from tftrain import timing
+from tftrain.arguments import check_verbose
 from tftrain.checkpoint import run_record
 from tftrain.compat import keras_internals
 from tftrain.data import fit_checks
@@ -29,7 +30,6 @@ from tftrain.loops import epoch_loop, hooks, inference, run_setup
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.preparation import FitCall
 from tftrain.loops.training_run import TrainingRun
-from tftrain.options import check_verbose
 from tftrain.services.periodic_validation import PeriodicValidation
 
 __all__ = ["run_fit"]

@@ -13,12 +13,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tftrain.arguments import check_verbose
 from tftrain.compat import keras_internals
 from tftrain.data import inputs
 from tftrain.data.epoch_plan import EpochPlan
 from tftrain.loops import epoch_loop, hooks, preparation
 from tftrain.loops.owner import StepOwner
-from tftrain.options import check_verbose
 
 __all__ = [
     "callback_list",

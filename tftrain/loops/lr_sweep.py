@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tftrain.arguments import check_lr_sweep
 from tftrain.compat import keras_internals
 from tftrain.data import inputs
 from tftrain.data.epoch_plan import EpochPlan
@@ -32,7 +33,6 @@ from tftrain.engine import step_loop
 from tftrain.loops import preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.state_copy import StateCopy
-from tftrain.options import check_lr_sweep
 
 __all__ = ["LearningRateSweep", "find_learning_rate", "learning_rates", "suggest"]
 

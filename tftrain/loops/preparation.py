@@ -19,17 +19,17 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain.data import distributed_data, fit_checks, inputs
-from tftrain.data.epoch_plan import EpochPlan
-from tftrain.engine import model_setup
-from tftrain.loops.owner import StepOwner
-from tftrain.options import (
+from tftrain.arguments import (
     check_int,
     check_validation_every_steps,
     check_validation_freq,
     check_validation_split,
     check_verbose,
 )
+from tftrain.data import distributed_data, fit_checks, inputs
+from tftrain.data.epoch_plan import EpochPlan
+from tftrain.engine import model_setup
+from tftrain.loops.owner import StepOwner
 
 __all__ = ["FitArguments", "FitCall", "ValidationData", "build", "check_step", "fit_call", "plan_for", "plan_of"]
 

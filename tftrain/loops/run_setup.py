@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import distribute, summaries, timing
+from tftrain.arguments import check_profile_steps, check_verbose
 from tftrain.checkpoint import data_position
 from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.checkpoint.writer_lock import WriterLock, check_writer
@@ -32,7 +33,7 @@ from tftrain.loops.owner import StepOwner
 from tftrain.loops.preparation import FitCall
 from tftrain.loops.restore import report_resume
 from tftrain.loops.training_run import TrainingRun, close_all
-from tftrain.options import RunOptions, check_profile_steps, check_verbose
+from tftrain.options import RunOptions
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.data_position import DataCheckpointService

@@ -9,7 +9,7 @@ summaries, checkpoints, the best checkpoint, preemption (one process and
 several workers), the writer lock and the data position.
 
 May import: `tftrain.checkpoint`, `engine`, `data`, `summaries`, `timing`,
-`options`, `compat`, `errors`. Never the loops layer or the Trainer: a
+`options`, `arguments`, `compat`, `errors`. Never the loops layer or the Trainer: a
 service receives what it acts on through `RunState`.
 """
 

@@ -35,9 +35,10 @@ import keras
 import numpy as np
 
 from tftrain import summaries
+from tftrain.arguments import check_int, check_left_at_default
 from tftrain.engine import graph_loops
 from tftrain.errors import NonFiniteLossError
-from tftrain.options import EngineOptions, check_int, check_left_at_default
+from tftrain.options import EngineOptions
 from tftrain.services.protocol import EveryNSteps, RunState, Service
 
 __all__ = ["AUTO_KEEP_EVERY_STEPS", "LossRecovery", "RecoveryPolicy", "keep_every_steps_for"]

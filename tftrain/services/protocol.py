@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 
-from tftrain.options import check_int
+from tftrain.arguments import check_int
 
 if TYPE_CHECKING:
     from tftrain.checkpoint import Progress

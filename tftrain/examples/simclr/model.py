@@ -80,11 +80,6 @@ class ProjectionHead(keras.layers.Layer):
         self.dense_layers: list[keras.layers.Dense] = []
         self.norm_layers: list[keras.layers.BatchNormalization] = []
 
-    def layers_below_probe(self) -> dict[str, keras.layers.Layer]:
-        """The (built) layers between the encoder and the probe's input, by attribute name."""
-        below = zip(self.dense_layers, self.norm_layers, strict=True)
-        return {layer.name: layer for pair in list(below)[: self.ft_proj_selector] for layer in pair}
-
     def build(self, input_shape):
         width = int(input_shape[-1])
         for index in range(self.num_layers):
