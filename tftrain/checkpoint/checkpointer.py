@@ -40,7 +40,7 @@ from tftrain.checkpoint.validation import (
     read_all_tensors,
 )
 from tftrain.checkpoint.writer_lock import lost_directory_error
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.errors import CheckpointWriteError, ModelDirError, NonFiniteStateError
 from tftrain.options import check_int
 
@@ -112,7 +112,7 @@ class Checkpointer:
     Raises:
         ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
         TypeError: `async_write` is not a bool.
-        tftrain.compat.keras_internals.KerasInternalsError: `async_write` where the
+        tftrain.errors.KerasInternalsError: `async_write` where the
             installed TensorFlow cannot save asynchronously.
     """
 
@@ -134,7 +134,7 @@ class Checkpointer:
                 "Expected True or False."
             )
         if async_write:
-            keras_internals.check_async_checkpoint_support()
+            tf_internals.check_async_checkpoint_support()
         self.async_write = async_write
         # What the asynchronous writer copies to host memory: fixed at its first save.
         self._async_objects: list[int] | None = None
@@ -581,7 +581,7 @@ class Checkpointer:
             self._replace_root()
             objects = [id(node) for node in tf.train.TrackableView(self._root).descendants()]
         self._async_objects = objects
-        options = keras_internals.async_checkpoint_options(self._root)
+        options = tf_internals.async_checkpoint_options(self._root)
         return self.manager.save(checkpoint_number=number, options=options)
 
     def sync(self) -> None:
@@ -596,7 +596,7 @@ class Checkpointer:
             return
         pending, self._pending = self._pending, None
         try:
-            keras_internals.wait_for_async_checkpoint(self._root)
+            tf_internals.wait_for_async_checkpoint(self._root)
         except (tf.errors.OpError, OSError) as error:
             raise self._write_failed(pending or self.directory, error) from error
 
@@ -615,7 +615,7 @@ class Checkpointer:
     def _replace_root(self) -> None:
         """Stops the asynchronous writer (after its pending save) and starts over with a fresh root."""
         counter = int(self._root.save_counter.numpy())
-        keras_internals.stop_async_checkpoint(self._root)
+        tf_internals.stop_async_checkpoint(self._root)
         self._root = self._new_root()
         self._root.save_counter.assign(counter)
         self._manager = None
