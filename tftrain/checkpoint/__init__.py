@@ -1,7 +1,8 @@
 """Checkpoints for exact resume: what is saved, crash-safe saving, validated restore.
 
 The storage layer. It knows nothing of the loop or of services: it imports
-only `tftrain.errors`, `tftrain.options` and `tftrain.compat`.
+only `tftrain.fit_inputs` (a shuffled pass's order), `tftrain.errors`,
+`tftrain.options` and `tftrain.compat`.
 
 - `checkpointer`: `Checkpointer` (save; find -> validate -> restore).
 - `state`: what a checkpoint holds (`Progress`, `training_state`), and

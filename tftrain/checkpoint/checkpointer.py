@@ -467,7 +467,7 @@ class Checkpointer:
             number: The checkpoint's number (`ckpt-<number>`); the Trainer
                 numbers them by global step. None: one more than the last save.
             data_state: More of the data position, name -> variable, saved
-                under `data/<name>` (e.g. the pass's order: `tftrain.data.epoch_order`).
+                under `data/<name>` (e.g. the pass's order: `tftrain.fit_inputs.epoch_order`).
 
         Returns:
             The checkpoint's path prefix.

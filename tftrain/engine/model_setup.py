@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from tftrain import precision
 from tftrain.compat import keras_internals
-from tftrain.data import fit_checks, inputs
 from tftrain.engine import strategy_checks
+from tftrain.fit_inputs import fit_checks, inputs
 from tftrain.model import CustomModel
 from tftrain.options import check_jit_compile
 

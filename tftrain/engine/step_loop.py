@@ -21,9 +21,9 @@ import tensorflow as tf
 
 from tftrain import timing
 from tftrain.compat import keras_internals, tf_internals
-from tftrain.data import inputs
 from tftrain.engine import graph_loops, step_outputs
 from tftrain.engine.calls import LoopResult, PendingCall, block_until_ready
+from tftrain.fit_inputs import inputs
 from tftrain.options import EngineOptions
 
 StepFn = Callable[[Any], Any]

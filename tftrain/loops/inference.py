@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.compat import keras_internals
-from tftrain.data import inputs
-from tftrain.data.epoch_plan import EpochPlan
+from tftrain.fit_inputs import inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import epoch_loop, hooks, preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.options import check_verbose

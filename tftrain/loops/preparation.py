@@ -19,9 +19,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain.data import distributed_data, fit_checks, inputs
-from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import model_setup
+from tftrain.fit_inputs import distributed_data, fit_checks, inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops.owner import StepOwner
 from tftrain.options import (
     check_int,

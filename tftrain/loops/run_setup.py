@@ -38,7 +38,7 @@ from tftrain import distribute, summaries, timing
 from tftrain.checkpoint import data_position, run_record
 from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.checkpoint.writer_lock import WriterLock, check_writer
-from tftrain.data.epoch_plan import EpochPlan
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops.training_run import TrainingRun, close_all
 from tftrain.options import RunOptions, check_profile_steps
 from tftrain.services.best_checkpoint import BestCheckpointService
