@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tftrain.checkpoint import files, native_log
 from tftrain.checkpoint.files import CHECKPOINT_NAME
-from tftrain.checkpoint.state import SERVICE_STATES_KEY, Progress, parse_service_states
+from tftrain.checkpoint.state import Progress, saved_service_states
 from tftrain.checkpoint.validation import (
     VARIABLE_SUFFIX,
     CorruptCheckpointError,
@@ -69,8 +69,8 @@ def saved_progress(reader: tf.train.CheckpointReader) -> Progress:
     return Progress(**values)
 
 
-# What a checkpoint holds of the run besides the training state and the data.
-_RUN_STATE_KEYS = ("progress", "iterator_saved", "timing", "save_counter")
+# What a checkpoint holds of the run besides the training state, the data and the services' states.
+_RUN_STATE_KEYS = ("progress", "iterator_saved", "save_counter")
 
 
 def _is_checkpointable_iterator(iterator: Any) -> bool:
@@ -150,9 +150,8 @@ class Checkpointer:
                 if field.name != "global_step" or global_step is None
             }
             self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
-            # The services' states, as JSON. Saved under the key "timing": its name from
-            # before other services kept state (older checkpoints hold the timer's alone).
-            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="timing_state")
+            # The services' states, as JSON (`tftrain.checkpoint.state.SERVICE_STATES`).
+            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="service_states")
         if global_step is not None:
             self._progress["global_step"] = global_step
         self._shared_step = global_step
@@ -170,7 +169,7 @@ class Checkpointer:
             **self._state_fn(),
             progress=self._progress,
             iterator_saved=self._iterator_saved,
-            timing=self._service_states,
+            service_states=self._service_states,
             data=self._data,
         )
 
@@ -316,18 +315,17 @@ class Checkpointer:
         """Reads every tensor of a checkpoint and its services' states; raises if it is damaged."""
         reader = tf.train.load_checkpoint(path)
         read_all_tensors(reader)
-        key = SERVICE_STATES_KEY
-        return reader, parse_service_states(reader.get_tensor(key) if reader.has_tensor(key) else b"")
+        return reader, saved_service_states(reader)
 
     def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
         # Separate roots for reading: TF keeps a pending ("deferred") restore for any
         # saved object missing from the root it reads into, and would apply it to
-        # the next iterator attached to `self._root` at a later save.
+        # the next iterator attached to `self._root` at a later save. The services'
+        # states are read from the reader (`saved_service_states`), not restored.
         state_root = tf.train.Checkpoint(
             **self._state_fn(),
             progress=self._progress,
             iterator_saved=self._iterator_saved,
-            timing=self._service_states,
         )
         state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
         # The data's own state (the iterator, a pass's order) is the pipeline's to match, not the model's.
@@ -352,7 +350,7 @@ class Checkpointer:
         self._root.save_counter.assign(state_root.save_counter)
         progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
         self.iterator_restored = restore_iterator
-        self.service_states = parse_service_states(self._service_states.numpy())
+        self.service_states = saved_service_states(reader)
         self.restored_path = path
         return progress
 
@@ -411,8 +409,7 @@ class Checkpointer:
             return None
         try:
             reader = tf.train.load_checkpoint(path)
-            saved = reader.get_tensor(SERVICE_STATES_KEY) if reader.has_tensor(SERVICE_STATES_KEY) else b""
-            return parse_service_states(saved)
+            return saved_service_states(reader)
         except Exception:  # a damaged checkpoint (any read error): nothing to tell
             return None
 

@@ -17,6 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+# The tested range and the error are read here too (`keras_internals.TESTED_KERAS`, `.KerasInternalsError`).
 from tftrain.compat.private_api import TESTED_KERAS as TESTED_KERAS
 from tftrain.compat.private_api import TESTED_TENSORFLOW as TESTED_TENSORFLOW
 from tftrain.compat.private_api import attribute as _attribute
