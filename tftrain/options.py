@@ -35,7 +35,7 @@ from tftrain.arguments import (
     check_validation_split,
     check_verbose,
 )
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 
 __all__ = [
     "EngineOptions",
@@ -325,7 +325,7 @@ class RunOptions:
                 "Expected a `model_dir` to write checkpoints to (or async_checkpoint=False)."
             )
         if self.async_checkpoint:
-            keras_internals.check_async_checkpoint_support()
+            tf_internals.check_async_checkpoint_support()
         if self.model_dir is None:
             for name in (
                 "checkpoint_every_steps",

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tftrain import ema, evaluation, precision, timing
 from tftrain.arguments import check_jit_compile
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.engine import model_setup
 from tftrain.loops import dry_run, fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.engines import Engines
@@ -390,7 +390,7 @@ class Trainer:
         def model_step(batch: Any) -> Any:
             step = getattr(self.model, name)
             if convert and not tf.executing_eagerly():  # AutoGraph caches its conversion of each function
-                step = keras_internals.autograph_converted(step)
+                step = tf_internals.autograph_converted(step)
             return step(batch)
 
         model_step.__qualname__ = f"{type(self.model).__name__}.{name}"  # in errors and trace warnings

@@ -11,7 +11,7 @@ import pytest
 from helpers import TIMING_REPORT_KEYS
 
 from tftrain.bench import config, goals, optional, outputs, plot, report, runners, stats, suite, workloads
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 
 TIMING_KEYS = TIMING_REPORT_KEYS
 TRAINER_VARIANTS = {
@@ -378,10 +378,10 @@ def test_the_shuffled_pipeline_reshuffles_each_pass_and_caches_nothing():
     shuffled = workloads.make_dataset(x, y, 8, shuffle_buffer=64, seed=1)
     first, second = ([int(v) for batch in shuffled for v in batch[1]] for _ in range(2))
     assert sorted(first) == sorted(y.tolist()) and first != second
-    ops = {node.op for node in keras_internals.dataset_graph_nodes(shuffled)}
+    ops = {node.op for node in tf_internals.dataset_graph_nodes(shuffled)}
     assert any("Shuffle" in op for op in ops) and not any("Cache" in op for op in ops)
     cached = workloads.make_dataset(x, y, 8)
-    assert any("Cache" in node.op for node in keras_internals.dataset_graph_nodes(cached))
+    assert any("Cache" in node.op for node in tf_internals.dataset_graph_nodes(cached))
     with pytest.raises(ValueError, match="shuffle_buffer=0"):
         config.BenchmarkConfig(shuffle_buffer=0)
 

@@ -32,6 +32,7 @@ from tftrain.checkpoint import (
     seed_generator_states,
     training_state,
 )
+from tftrain.checkpoint.state import SERVICE_STATES_KEY
 from tftrain.services.data_position import DataCheckpointService
 
 RNG = np.random.RandomState(0)
@@ -694,7 +695,7 @@ def test_the_data_position_is_checkpointed_the_cheapest_exact_way(tmp_path, make
     fit(tmp_path, make_data, 1)
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")))
     assert bool(reader.get_tensor("iterator_saved/.ATTRIBUTES/VARIABLE_VALUE")) is iterator_saved
-    states = json.loads(reader.get_tensor("timing/.ATTRIBUTES/VARIABLE_VALUE"))
+    states = json.loads(reader.get_tensor(SERVICE_STATES_KEY))
     assert states["data"] == {"checkpoint": mode}
 
 

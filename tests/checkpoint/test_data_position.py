@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tftrain.checkpoint import data_position
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 
 X = np.random.RandomState(0).rand(60, 4).astype("float32")
 
@@ -43,7 +43,7 @@ UNSUPPORTED = {
 
 
 def nodes(dataset):
-    return keras_internals.dataset_graph_nodes(dataset)
+    return tf_internals.dataset_graph_nodes(dataset)
 
 
 def symbolic_round_trip(dataset, tmp_path):

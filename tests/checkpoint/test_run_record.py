@@ -9,8 +9,8 @@ import pytest
 from helpers import make_mlp
 
 from tftrain.checkpoint import run_record
-from tftrain.data import inputs
 from tftrain.errors import IncompatibleCheckpointError, RunChangedError
+from tftrain.fit_inputs import inputs
 
 
 def _record(optimizer=None, *, model=None, batch_size=8, examples=64, settings=None):
@@ -152,7 +152,7 @@ def test_orders_recorded_from_several_threads_leave_tensorflows_shuffle_as_it_wa
 
     import tensorflow as tf
 
-    from tftrain.data.epoch_order import EpochOrder
+    from tftrain.fit_inputs.epoch_order import EpochOrder
 
     original = tf.random.shuffle
     data = inputs.adapt(np.zeros((16, 2), "float32"), np.zeros((16,), "float32"), batch_size=4, shuffle=True)

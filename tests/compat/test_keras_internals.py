@@ -1,4 +1,6 @@
-"""`tftrain.compat.keras_internals`: every private Keras/TF API is checked at first use and fails loudly."""
+"""`tftrain.compat.keras_internals`: every private Keras API is checked at first use and fails loudly."""
+
+import inspect
 
 import keras
 import pytest
@@ -23,7 +25,6 @@ def test_every_accessor_finds_its_api_in_the_installed_keras():
     keras_internals.set_initial_epoch(model, None)
     assert keras_internals.pythonify_logs({"a": tf.constant(1.0), "b": {"c": 2}}) == {"a": 1.0, "c": 2.0}
     assert keras_internals.batches_read_for_spec() >= 1
-    assert keras_internals.trackable_object_graph().nodes is not None
     joined = keras_internals.concat_batches([tf.ones((2, 1)), tf.zeros((1, 1))])
     assert joined.shape == (3, 1)
 
@@ -74,19 +75,7 @@ def test_replace_base_rewrites_the_hierarchy_below_the_new_base():
     assert issubclass(Leaf, New)
 
 
-def test_distributed_dataset_accessors_find_tensorflow_s_internals():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    dataset = tf.data.Dataset.range(4).batch(2)
-    distributed = strategy.experimental_distribute_dataset(dataset)
-    from_function = strategy.distribute_datasets_from_function(lambda _: dataset)
-    assert keras_internals.distributed_dataset_strategy(distributed) is strategy
-    assert keras_internals.distributed_dataset_strategy(from_function) is strategy
-    assert keras_internals.made_from_function(from_function)
-    assert not keras_internals.made_from_function(distributed)
-    spec = tf.TensorSpec((None, 3))
-    assert keras_internals.per_replica_spec(spec) is spec
-    from tensorflow.python.distribute.values import PerReplicaSpec
-
-    assert keras_internals.per_replica_spec(PerReplicaSpec(spec, spec)) == spec
-    with pytest.raises(keras_internals.KerasInternalsError, match="_strategy"):
-        keras_internals.distributed_dataset_strategy(object())
+def test_keras_internals_reach_no_private_tensorflow_module():
+    source = inspect.getsource(keras_internals)
+    assert "keras.src." in source
+    assert "tensorflow.python" not in source

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tftrain import data
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.data import catalog
 
 
@@ -111,7 +111,7 @@ def test_load_leaves_out_tfds_automatic_cache(prepared, tmp_path):
     # tensorflow-datasets caches a small dataset (as dummy_mnist) in memory unless told not to: a cached
     # iterator cannot be checkpointed symbolically, so every checkpoint would hold the decoded split.
     def ops(dataset):
-        return {node.op for node in keras_internals.dataset_graph_nodes(dataset)}
+        return {node.op for node in tf_internals.dataset_graph_nodes(dataset)}
 
     assert any(
         op.startswith("CacheDataset") for op in ops(tfds.load("dummy_mnist", data_dir=prepared)["train"])

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tftrain  # noqa: E402
+from tftrain.checkpoint.state import SERVICE_STATES_KEY  # noqa: E402
 
 BATCH, STEPS_PER_EPOCH, EPOCHS = 4, 8, 3
 POISONED_STEPS = (5, 11)  # the batch each of these global steps reads has a NaN target
@@ -87,7 +88,7 @@ def main():
         dataset(), epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=callbacks
     )
     checkpoint = tf.train.latest_checkpoint(os.path.join(args.model_dir, "checkpoints"))
-    states = json.loads(tf.train.load_checkpoint(checkpoint).get_tensor("timing/.ATTRIBUTES/VARIABLE_VALUE"))
+    states = json.loads(tf.train.load_checkpoint(checkpoint).get_tensor(SERVICE_STATES_KEY))
     arrays = {f"weight_{i}": weight for i, weight in enumerate(model.get_weights())}
     arrays.update({f"optimizer_{i}": np.asarray(v) for i, v in enumerate(model.optimizer.variables)})
     np.savez(

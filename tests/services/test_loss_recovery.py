@@ -18,6 +18,7 @@ import tensorflow as tf
 from helpers import ENGINES, finish_job, read_run, start_job
 
 import tftrain
+from tftrain.checkpoint.state import SERVICE_STATES_KEY
 from tftrain.options import EngineOptions
 from tftrain.services.loss_recovery import RecoveryPolicy, keep_every_steps_for
 
@@ -269,7 +270,7 @@ def test_rollbacks_scale_the_learning_rate_and_are_written_to_tensorboard(tmp_pa
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.0025)
     latest = tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints"))
     reader = tf.train.load_checkpoint(latest)
-    states = json.loads(reader.get_tensor("timing/.ATTRIBUTES/VARIABLE_VALUE"))
+    states = json.loads(reader.get_tensor(SERVICE_STATES_KEY))
     records = states["loss_recovery"]["rollbacks"]
     assert [record["step"] for record in records] == [3, 8]
     assert records[0]["losses"] == {"loss": "nan"}

@@ -11,6 +11,7 @@ import tensorflow as tf
 from helpers import make_mlp
 
 import tftrain
+from tftrain.checkpoint.state import SERVICE_STATES_KEY
 from tftrain.services import EveryNSteps, Service
 from tftrain.services.protocol import json_ready_state
 
@@ -94,7 +95,7 @@ def test_a_user_service_state_is_checkpointed_and_restored(tmp_path):
     trainer.fit(regression(), epochs=1, verbose=0)
     assert first.acted == 3
     saved = tf.train.load_checkpoint(str(tmp_path / "checkpoints" / "ckpt-10"))
-    states = json.loads(saved.get_tensor("timing/.ATTRIBUTES/VARIABLE_VALUE"))
+    states = json.loads(saved.get_tensor(SERVICE_STATES_KEY))
     assert states["recorder"] == {"acted": 3}
     second = CallRecorder(every_steps=3)
     tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path), services=[second]).fit(

@@ -1,7 +1,8 @@
 """Checkpoints for exact resume: what is saved, crash-safe saving, validated restore.
 
 The storage layer. It knows nothing of the loop or of services: it imports
-only lower layers (`tftrain.data`, `summaries`, `arguments`, `compat`, `errors`).
+only lower layers (`tftrain.fit_inputs` for a shuffled pass's order, `summaries`,
+`arguments`, `options`, `compat`, `errors`).
 
 - `checkpointer`: `Checkpointer` (save; find -> validate -> restore).
 - `state`: what a checkpoint holds (`Progress`, `training_state`), and

@@ -30,7 +30,7 @@ import tensorflow as tf
 from tftrain.arguments import check_int
 from tftrain.checkpoint import files, native_log
 from tftrain.checkpoint.files import CHECKPOINT_NAME
-from tftrain.checkpoint.state import SERVICE_STATES_KEY, Progress, parse_service_states
+from tftrain.checkpoint.state import Progress, saved_service_states
 from tftrain.checkpoint.validation import (
     VARIABLE_SUFFIX,
     CorruptCheckpointError,
@@ -41,7 +41,7 @@ from tftrain.checkpoint.validation import (
     read_all_tensors,
 )
 from tftrain.checkpoint.writer_lock import lost_directory_error
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.errors import CheckpointWriteError, ModelDirError, NonFiniteStateError
 
 
@@ -69,8 +69,8 @@ def saved_progress(reader: tf.train.CheckpointReader) -> Progress:
     return Progress(**values)
 
 
-# What a checkpoint holds of the run besides the training state and the data.
-_RUN_STATE_KEYS = ("progress", "iterator_saved", "timing", "save_counter")
+# What a checkpoint holds of the run besides the training state, the data and the services' states.
+_RUN_STATE_KEYS = ("progress", "iterator_saved", "save_counter")
 
 
 def _is_checkpointable_iterator(iterator: Any) -> bool:
@@ -112,7 +112,7 @@ class Checkpointer:
     Raises:
         ValueError: `directory` is a file or not writable, or `max_to_keep` < 1.
         TypeError: `async_write` is not a bool.
-        tftrain.compat.keras_internals.KerasInternalsError: `async_write` where the
+        tftrain.errors.KerasInternalsError: `async_write` where the
             installed TensorFlow cannot save asynchronously.
     """
 
@@ -134,7 +134,7 @@ class Checkpointer:
                 "Expected True or False."
             )
         if async_write:
-            keras_internals.check_async_checkpoint_support()
+            tf_internals.check_async_checkpoint_support()
         self.async_write = async_write
         # What the asynchronous writer copies to host memory: fixed at its first save.
         self._async_objects: list[int] | None = None
@@ -150,9 +150,8 @@ class Checkpointer:
                 if field.name != "global_step" or global_step is None
             }
             self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
-            # The services' states, as JSON. Saved under the key "timing": its name from
-            # before other services kept state (older checkpoints hold the timer's alone).
-            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="timing_state")
+            # The services' states, as JSON (`tftrain.checkpoint.state.SERVICE_STATES`).
+            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="service_states")
         if global_step is not None:
             self._progress["global_step"] = global_step
         self._shared_step = global_step
@@ -170,7 +169,7 @@ class Checkpointer:
             **self._state_fn(),
             progress=self._progress,
             iterator_saved=self._iterator_saved,
-            timing=self._service_states,
+            service_states=self._service_states,
             data=self._data,
         )
 
@@ -316,18 +315,17 @@ class Checkpointer:
         """Reads every tensor of a checkpoint and its services' states; raises if it is damaged."""
         reader = tf.train.load_checkpoint(path)
         read_all_tensors(reader)
-        key = SERVICE_STATES_KEY
-        return reader, parse_service_states(reader.get_tensor(key) if reader.has_tensor(key) else b"")
+        return reader, saved_service_states(reader)
 
     def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
         # Separate roots for reading: TF keeps a pending ("deferred") restore for any
         # saved object missing from the root it reads into, and would apply it to
-        # the next iterator attached to `self._root` at a later save.
+        # the next iterator attached to `self._root` at a later save. The services'
+        # states are read from the reader (`saved_service_states`), not restored.
         state_root = tf.train.Checkpoint(
             **self._state_fn(),
             progress=self._progress,
             iterator_saved=self._iterator_saved,
-            timing=self._service_states,
         )
         state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
         # The data's own state (the iterator, a pass's order) is the pipeline's to match, not the model's.
@@ -352,7 +350,7 @@ class Checkpointer:
         self._root.save_counter.assign(state_root.save_counter)
         progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
         self.iterator_restored = restore_iterator
-        self.service_states = parse_service_states(self._service_states.numpy())
+        self.service_states = saved_service_states(reader)
         self.restored_path = path
         return progress
 
@@ -448,7 +446,7 @@ class Checkpointer:
             number: The checkpoint's number (`ckpt-<number>`); the Trainer
                 numbers them by global step. None: one more than the last save.
             data_state: More of the data position, name -> variable, saved
-                under `data/<name>` (e.g. the pass's order: `tftrain.data.epoch_order`).
+                under `data/<name>` (e.g. the pass's order: `tftrain.fit_inputs.epoch_order`).
 
         Returns:
             The checkpoint's path prefix.
@@ -562,7 +560,7 @@ class Checkpointer:
             self._replace_root()
             objects = [id(node) for node in tf.train.TrackableView(self._root).descendants()]
         self._async_objects = objects
-        options = keras_internals.async_checkpoint_options(self._root)
+        options = tf_internals.async_checkpoint_options(self._root)
         return self.manager.save(checkpoint_number=number, options=options)
 
     def sync(self) -> None:
@@ -577,7 +575,7 @@ class Checkpointer:
             return
         pending, self._pending = self._pending, None
         try:
-            keras_internals.wait_for_async_checkpoint(self._root)
+            tf_internals.wait_for_async_checkpoint(self._root)
         except (tf.errors.OpError, OSError) as error:
             raise self._write_failed(pending or self.directory, error) from error
 
@@ -596,7 +594,7 @@ class Checkpointer:
     def _replace_root(self) -> None:
         """Stops the asynchronous writer (after its pending save) and starts over with a fresh root."""
         counter = int(self._root.save_counter.numpy())
-        keras_internals.stop_async_checkpoint(self._root)
+        tf_internals.stop_async_checkpoint(self._root)
         self._root = self._new_root()
         self._root.save_counter.assign(counter)
         self._manager = None

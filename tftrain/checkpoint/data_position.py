@@ -25,7 +25,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 
 __all__ = ["FULL", "POSITION", "SYMBOLIC", "prepare", "saved_mode"]
 
@@ -94,7 +94,7 @@ def prepare(dataset: tf.data.Dataset, saved_mode: str | None) -> tuple[str, tf.d
     """
     mode = saved_mode
     if mode is None:
-        nodes = keras_internals.dataset_graph_nodes(dataset)
+        nodes = tf_internals.dataset_graph_nodes(dataset)
         if supports_symbolic_checkpoint(nodes):
             mode = SYMBOLIC
         elif reads_in_a_fixed_order(nodes, dataset.options()):

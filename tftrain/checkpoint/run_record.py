@@ -43,8 +43,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain.data.epoch_order import examples_in
 from tftrain.errors import RunChangedError
+from tftrain.fit_inputs.epoch_order import examples_in
 
 __all__ = [
     "COMMAND_LINE",
@@ -380,7 +380,7 @@ def compare(
         mid_epoch: The checkpoint is inside an epoch: a data change is refused,
             but for a batch size that `convertible` data takes.
         convertible: The data's position is kept in examples (array inputs,
-            `tftrain.data.epoch_plan.EpochPlan.keep_array_position`): a new
+            `tftrain.fit_inputs.epoch_plan.EpochPlan.keep_array_position`): a new
             batch size alone is converted, the epoch going on at its next
             unread example.
 

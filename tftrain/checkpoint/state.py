@@ -18,16 +18,24 @@ from tftrain.checkpoint.validation import VARIABLE_SUFFIX, check_compatible, ope
 from tftrain.errors import CorruptCheckpointError
 
 __all__ = [
+    "SERVICE_STATES",
     "SERVICE_STATES_KEY",
     "Progress",
     "parse_service_states",
     "restore_model",
+    "saved_service_states",
     "seed_generator_states",
     "training_state",
 ]
 
-# The services' states, as JSON, saved under the key "timing" (see `Checkpointer`).
-SERVICE_STATES_KEY = "timing" + VARIABLE_SUFFIX
+SERVICE_STATES = "service_states"
+"""The name a checkpoint holds the services' states under: one JSON string, by service name."""
+
+SERVICE_STATES_KEY = SERVICE_STATES + VARIABLE_SUFFIX
+"""The checkpoint key of the services' states."""
+
+# Where checkpoints written by earlier tftrain versions hold the services' states (read, never written).
+_TIMING_KEY = "timing" + VARIABLE_SUFFIX
 
 
 @dataclasses.dataclass
@@ -132,6 +140,18 @@ def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:
         read_all_tensors(reader)
     except tf.errors.OpError as error:
         raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+
+
+def saved_service_states(reader: tf.train.CheckpointReader) -> dict[str, Any]:
+    """The services' states a checkpoint holds, by service name, read without restoring anything.
+
+    Read under `SERVICE_STATES`, else under "timing", where checkpoints of
+    earlier tftrain versions hold them; empty if the checkpoint holds none.
+    """
+    for key in (SERVICE_STATES_KEY, _TIMING_KEY):
+        if reader.has_tensor(key):
+            return parse_service_states(reader.get_tensor(key))
+    return {}
 
 
 def parse_service_states(saved: bytes) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from tftrain.arguments import check_directory_path
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
 
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -54,7 +54,7 @@ class SavedMatch(NamedTuple):
 
 def saved_object_graph(reader: tf.train.CheckpointReader) -> Any:
     """The object graph a `tf.train.Checkpoint` recorded (a `TrackableObjectGraph` proto)."""
-    graph = keras_internals.trackable_object_graph()
+    graph = tf_internals.trackable_object_graph()
     graph.ParseFromString(reader.get_tensor(OBJECT_GRAPH_KEY))
     return graph
 

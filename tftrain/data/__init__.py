@@ -1,17 +1,16 @@
-"""Data: the inputs of `fit`/`evaluate`/`predict`, and named datasets.
+"""Data: the named datasets the programs load.
 
 This package's public functions (`load`, `info`) give named datasets:
 tensorflow-datasets with clear offline errors, and the generated `shapes`
 and `synthetic`. Its modules:
 
-- `inputs`: what `fit`/`evaluate`/`predict` accept, through Keras's own
-  adapters.
-- `distributed_data`: a `tf.distribute.DistributedDataset` input, read as
-  distributed.
-- `epoch_plan`: `EpochPlan`, the pass-by-pass plan over them (shaped like
-  Keras's `EpochIterator`).
-- `fit_checks`: checks of the data against the model and the call.
-- `catalog`, `shapes`, `tfds_loading`: the named datasets.
+- `catalog`: the names, splits and sizes tftrain knows, and `DatasetInfo`.
+- `shapes`: the generated `shapes` and `synthetic` datasets.
+- `tfds_loading`: any tensorflow-datasets image-classification dataset
+  (imported only when one is loaded).
+
+What `fit`, `evaluate` and `predict` take is `tftrain.fit_inputs`,
+independent of this package.
 
 May import: `tftrain.options`, `arguments`, `compat`, `errors`. Nothing above it.
 """

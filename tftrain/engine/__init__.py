@@ -12,6 +12,6 @@
 - `flops`, `graph_flops`, `peak_flops`: one training step's FLOPs, counted on
   its traced graph, and the devices' peak FLOP/s (`Trainer(count_flops=True)`).
 
-May import: `tftrain.data`, `timing`, `distribute`, `model`, `precision`, `options`,
+May import: `tftrain.fit_inputs`, `timing`, `distribute`, `model`, `precision`, `options`,
 `arguments`, `compat`, `errors`. Never the checkpoint, services or loops layers.
 """

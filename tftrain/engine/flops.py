@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain import distribute, timing
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.engine import graph_flops
 from tftrain.engine import peak_flops as peaks
 
@@ -48,7 +48,7 @@ def _batch_arguments(graph: tf.Graph) -> list[tf.Tensor]:
     """The step's arguments that carry examples: dense tensors of rank >= 1 (unknown rank included)."""
     return [
         tensor
-        for tensor in keras_internals.function_arguments(graph)
+        for tensor in tf_internals.function_arguments(graph)
         if tensor.dtype not in (tf.resource, tf.variant) and tensor.shape.rank != 0
     ]
 
@@ -56,7 +56,7 @@ def _batch_arguments(graph: tf.Graph) -> list[tf.Tensor]:
 def _composite_arguments(graph: tf.Graph) -> bool:
     """Whether the step takes ragged or sparse tensors (their components' first dimension is not the batch)."""
     for spec in tf.nest.flatten(getattr(graph, "structured_input_signature", None)):
-        if isinstance(keras_internals.per_replica_spec(spec), tf.RaggedTensorSpec | tf.SparseTensorSpec):
+        if isinstance(tf_internals.per_replica_spec(spec), tf.RaggedTensorSpec | tf.SparseTensorSpec):
             return True
     return False
 
@@ -121,7 +121,7 @@ def step_flops(
             for tensor in unknown
         }
         shapes = [
-            refined.get(id(tensor), tensor.shape) for tensor in keras_internals.function_arguments(graph)
+            refined.get(id(tensor), tensor.shape) for tensor in tf_internals.function_arguments(graph)
         ]
         return FlopCount(graph_flops.count_graph_flops(graph, shapes) * workers)
     except ValueError as error:  # not countable: why

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 
 __all__ = ["UNCOUNTED_OPS", "count_graph_flops", "einsum_flops"]
 
@@ -158,7 +158,7 @@ def count_graph_flops(graph: tf.Graph, argument_shapes: Sequence[tf.TensorShape]
     """
     shapes = None
     if argument_shapes is not None:
-        arguments = keras_internals.function_arguments(graph)
+        arguments = tf_internals.function_arguments(graph)
         if len(arguments) != len(argument_shapes):
             raise ValueError(
                 f"{len(argument_shapes)} argument shapes for a function of {len(arguments)} arguments"
@@ -201,7 +201,7 @@ def _reinferred(traced: tf.Graph, input_shapes: list[tf.TensorShape]) -> tf.Grap
             for index, (tensor, shape) in enumerate(zip(traced.inputs, input_shapes, strict=True)):
                 placeholder = tf.compat.v1.placeholder(tensor.dtype, shape, name=f"tftrain_input_{index}")
                 if tensor.dtype == tf.resource:  # the variable's shape, for `ReadVariableOp`
-                    keras_internals.copy_handle_data(tensor, placeholder)
+                    tf_internals.copy_handle_data(tensor, placeholder)
                 input_map[tensor.name] = placeholder
             tf.graph_util.import_graph_def(traced.as_graph_def(), input_map=input_map, name=_PREFIX)
     except (ValueError, TypeError, tf.errors.OpError) as error:
@@ -257,7 +257,7 @@ def _count_op(graph: tf.Graph, op: tf.Operation, traced: tf.Graph) -> int:
 
 
 def _count_call(op: tf.Operation, traced: tf.Graph, name: str, inputs: list[tf.Tensor]) -> int:
-    body = keras_internals.function_body_graph(traced, name)
+    body = tf_internals.function_body_graph(traced, name)
     if len(body.inputs) != len(inputs):
         raise _Uncountable(
             f"`{op.name}` passes {len(inputs)} inputs to `{name}`, which takes {len(body.inputs)}"
@@ -284,7 +284,7 @@ def _op_flops(graph: tf.Graph, op: tf.Operation, traced: tf.Graph) -> int:
 def _registered_flops(graph: tf.Graph, op: tf.Operation) -> int:
     """tftrain's count of the op where it has one, else TensorFlow's registered one (0 where none is)."""
     count = _TFTRAIN_COUNTS.get(op.type)
-    value = count(op) if count is not None else keras_internals.op_flops(graph, op.node_def)
+    value = count(op) if count is not None else tf_internals.op_flops(graph, op.node_def)
     return int(value or 0)
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tftrain.data import inputs
+from tftrain.fit_inputs import inputs
 
 StepFn = Callable[[Any], Any]
 

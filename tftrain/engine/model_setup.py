@@ -15,8 +15,8 @@ import tensorflow as tf
 from tftrain import distribute, precision
 from tftrain.arguments import check_jit_compile
 from tftrain.compat import keras_internals
-from tftrain.data import fit_checks, inputs
 from tftrain.engine import strategy_checks
+from tftrain.fit_inputs import fit_checks, inputs
 from tftrain.model import CustomModel
 
 _DEFAULT_MODEL_STEPS = {

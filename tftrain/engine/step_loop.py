@@ -20,10 +20,10 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain import distribute, timing
-from tftrain.compat import keras_internals
-from tftrain.data import inputs
+from tftrain.compat import keras_internals, tf_internals
 from tftrain.engine import graph_loops, step_outputs
 from tftrain.engine.calls import LoopResult, PendingCall, block_until_ready
+from tftrain.fit_inputs import inputs
 from tftrain.options import EngineOptions
 
 StepFn = Callable[[Any], Any]
@@ -477,7 +477,7 @@ def make_loop(
     in_graph = options.in_graph_loop
     label = step_outputs.step_label(step_fn, name)
     if autograph and options.use_tf_function:
-        step_fn = keras_internals.autograph_converted(step_fn)
+        step_fn = tf_internals.autograph_converted(step_fn)
     step_fn = step_outputs.returns_checked(_keras_batch(step_fn), label, predictions=collect)
 
     # Without a strategy, `strategy.run` only adds host work (autograph

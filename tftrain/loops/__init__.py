@@ -15,6 +15,6 @@ A `fit` call goes `tftrain.trainer` -> `fit_loop` -> `epoch_loop` ->
 - `owner`: `StepOwner`, what the loops need of the Trainer (they never import it).
 - `hooks`: Keras callback plumbing (batch hooks).
 
-May import every lower layer (`services`, `checkpoint`, `engine`, `data`,
+May import every lower layer (`services`, `checkpoint`, `engine`, `fit_inputs`,
 the public leaf modules, `options`, `arguments`, `compat`, `errors`); never the Trainer.
 """

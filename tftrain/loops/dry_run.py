@@ -42,11 +42,11 @@ import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.arguments import check_verbose
-from tftrain.data import inputs
-from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine.calls import LoopResult
 from tftrain.engine.step_loop import StepLoop
 from tftrain.errors import DryRunError, NonFiniteLossError
+from tftrain.fit_inputs import inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.state_copy import StateCopy

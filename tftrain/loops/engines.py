@@ -18,10 +18,10 @@ import tensorflow as tf
 
 from tftrain import distribute
 from tftrain.compat import keras_internals
-from tftrain.data import inputs
-from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import step_loop
 from tftrain.engine.auto_steps import StepsPerCall
+from tftrain.fit_inputs import inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import hooks
 from tftrain.options import EngineOptions
 from tftrain.services.step_summaries import InStepSummaries

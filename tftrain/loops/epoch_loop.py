@@ -15,9 +15,9 @@ from typing import Any
 
 from tftrain import timing
 from tftrain.compat import keras_internals
-from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine.auto_steps import StepsPerCall
 from tftrain.engine.step_loop import StepLoop
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import hooks
 from tftrain.loops.training_run import TrainingRun
 

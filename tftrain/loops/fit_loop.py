@@ -23,9 +23,9 @@ from tftrain import timing
 from tftrain.arguments import check_verbose
 from tftrain.checkpoint import run_record
 from tftrain.compat import keras_internals
-from tftrain.data import fit_checks
 from tftrain.engine import flops
 from tftrain.engine.step_loop import StepLoop
+from tftrain.fit_inputs import fit_checks
 from tftrain.loops import epoch_loop, hooks, inference, run_setup
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.preparation import FitCall

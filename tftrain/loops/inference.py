@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from tftrain.arguments import check_verbose
 from tftrain.compat import keras_internals
-from tftrain.data import inputs
-from tftrain.data.epoch_plan import EpochPlan
+from tftrain.fit_inputs import inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import epoch_loop, hooks, preparation
 from tftrain.loops.owner import StepOwner
 

@@ -27,9 +27,9 @@ import tensorflow as tf
 
 from tftrain.arguments import check_lr_sweep
 from tftrain.compat import keras_internals
-from tftrain.data import inputs
-from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import step_loop
+from tftrain.fit_inputs import inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.state_copy import StateCopy

@@ -26,9 +26,9 @@ from tftrain.arguments import (
     check_validation_split,
     check_verbose,
 )
-from tftrain.data import distributed_data, fit_checks, inputs
-from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import model_setup
+from tftrain.fit_inputs import distributed_data, fit_checks, inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops.owner import StepOwner
 
 __all__ = ["FitArguments", "FitCall", "ValidationData", "build", "check_step", "fit_call", "plan_for", "plan_of"]

@@ -29,7 +29,7 @@ from typing import Any
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.checkpoint import data_position, run_record
-from tftrain.data.epoch_plan import EpochPlan
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.options import RunOptions
 from tftrain.services.protocol import Service
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.checkpoint.memory_snapshot import KeptState, Rollback, StateSnapshot
-from tftrain.data.epoch_plan import EpochPlan
 from tftrain.engine import calls
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.services.protocol import Service, json_ready_state
 from tftrain.services.timing_state import TimingService
 

@@ -8,7 +8,7 @@ validation, the profiler window, timing, TensorBoard summaries, in-step
 summaries, checkpoints, the best checkpoint, preemption (one process and
 several workers), the writer lock and the data position.
 
-May import: `tftrain.checkpoint`, `engine`, `data`, `summaries`, `timing`,
+May import: `tftrain.checkpoint`, `engine`, `fit_inputs`, `summaries`, `timing`,
 `options`, `arguments`, `compat`, `errors`. Never the loops layer or the Trainer: a
 service receives what it acts on through `RunState`.
 """

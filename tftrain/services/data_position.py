@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tftrain.data.epoch_order import ArrayPosition
+from tftrain.fit_inputs.epoch_order import ArrayPosition
 from tftrain.services.protocol import Service
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.preemption import SignalRecorder, preempted_error
 from tftrain.services.protocol import RunState, Service
@@ -59,7 +59,7 @@ def multiworker_preemption(
     service = None
     if reason is None:
         service = MultiWorkerPreemption(signals, checkpoints, cluster_resolver, worker)
-        if not keras_internals.preemption_handler_coordinates(service.handler):
+        if not tf_internals.preemption_handler_coordinates(service.handler):
             service.close()
             service = None
             reason = "TensorFlow's PreemptionCheckpointHandler does not coordinate workers on this platform"
@@ -82,7 +82,7 @@ def _unsupported(cluster_resolver: Any) -> str | None:
     jobs = cluster_resolver.cluster_spec().as_dict()
     if set(jobs) - {"chief", "worker"}:
         return f"the cluster has tasks other than chief and workers ({sorted(jobs)})"
-    if not keras_internals.coordination_context().coordination_service:
+    if not tf_internals.coordination_context().coordination_service:
         return "the workers share no coordination service (MultiWorkerMirroredStrategy starts one)"
     return None
 
@@ -117,7 +117,7 @@ class MultiWorkerPreemption(Service):
     ):
         self.checkpoints = checkpoints
         self._is_chief, self.worker_name = worker
-        self._context = keras_internals.coordination_context()
+        self._context = tf_internals.coordination_context()
         self._num_workers = sum(len(tasks) for tasks in cluster_resolver.cluster_spec().as_dict().values())
         self._clear_keys(next(_handlers_created))
         self._saved: str | None = None
@@ -143,7 +143,7 @@ class MultiWorkerPreemption(Service):
         """Deletes an earlier handler's keys once every worker has closed it (all wait for the chief)."""
         self._context.wait_at_barrier(f"tftrain_preemption_{number}_closed", _BARRIER_TIMEOUT_MS)
         if self._is_chief:
-            for key in [*keras_internals.preemption_handler_keys(self._num_workers), _SIGNAL_KEY]:
+            for key in [*tf_internals.preemption_handler_keys(self._num_workers), _SIGNAL_KEY]:
                 self._context.delete_config_key_value(key)
         self._context.wait_at_barrier(f"tftrain_preemption_{number}_cleared", _BARRIER_TIMEOUT_MS)
 
@@ -192,5 +192,5 @@ class MultiWorkerPreemption(Service):
         raise preempted_error(run, signal_number, self._saved, cause)
 
     def close(self) -> None:
-        keras_internals.stop_preemption_handler(self.handler)
+        tf_internals.stop_preemption_handler(self.handler)
         self.signals.restore()

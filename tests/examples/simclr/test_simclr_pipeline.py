@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tftrain import data as data_lib
 from tftrain.checkpoint import data_position
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.examples.simclr import augment, blur, pipeline
 
 
@@ -253,7 +253,7 @@ def test_no_cache_unless_asked():
         dataset = pipeline.build_dataset(
             "shapes", "train", batch_size=8, image_size=16, num_examples=20, **kwargs
         )
-        return {node.op for node in keras_internals.dataset_graph_nodes(dataset)}
+        return {node.op for node in tf_internals.dataset_graph_nodes(dataset)}
 
     for is_training in (True, False):
         assert not any(op.startswith("CacheDataset") for op in ops(is_training=is_training))

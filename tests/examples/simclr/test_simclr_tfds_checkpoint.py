@@ -20,7 +20,7 @@ import tensorflow_datasets as tfds
 import test_simclr_exact_resume as exact_resume  # its checkpoint helpers, on the path as a sibling module
 
 from tftrain.checkpoint import data_position
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 from tftrain.examples.simclr import pipeline
 
 STEPS, BATCH, IMAGE_SIZE = 6, 8, 16
@@ -47,7 +47,7 @@ def training_ops(data_dir, **kwargs):
         data_dir=data_dir,
         **kwargs,
     )
-    return dataset, {node.op for node in keras_internals.dataset_graph_nodes(dataset)}
+    return dataset, {node.op for node in tf_internals.dataset_graph_nodes(dataset)}
 
 
 def test_a_small_split_is_held_in_memory_without_cache_or_shuffle_buffer(data_dir):

@@ -13,8 +13,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tftrain.data.epoch_order import ArrayPosition, EpochOrder
-from tftrain.data.inputs import AdaptedInput
+from tftrain.fit_inputs.epoch_order import ArrayPosition, EpochOrder
+from tftrain.fit_inputs.inputs import AdaptedInput
 
 __all__ = ["EpochPlan"]
 
@@ -91,7 +91,7 @@ class EpochPlan:
         self._pass_batches: int | None = None  # the resumed pass's batches, where its batch size changed
 
     def keep_array_position(self) -> bool:
-        """Keeps the position of array inputs in examples, and each pass's order if shuffled (`tftrain.data.epoch_order`).
+        """Keeps the position of array inputs in examples, and each pass's order if shuffled (`tftrain.fit_inputs.epoch_order`).
 
         For checkpoints: a resumed pass reads the rest of its examples in
         its order, in the batch size of the new call. Only for Keras's array

@@ -1,4 +1,4 @@
-"""Tests for `tftrain.data.inputs`: `adapt` (Keras's adapters), `split_validation`, `EpochPlan`."""
+"""Tests for `tftrain.fit_inputs.inputs`: `adapt` (Keras's adapters), `split_validation`, `EpochPlan`."""
 
 import types
 import warnings
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain.data import inputs
-from tftrain.data.distributed_data import DistributedData
-from tftrain.data.epoch_plan import EpochPlan
+from tftrain.fit_inputs import inputs
+from tftrain.fit_inputs.distributed_data import DistributedData
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 
 
 def batch_sizes(dataset):

@@ -14,8 +14,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tftrain.data import inputs
-from tftrain.data.epoch_plan import EpochPlan
+from tftrain.fit_inputs import inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 
 
 def should_validate(epoch: int, validation_freq: int | list[int]) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from tftrain import distribute
-from tftrain.compat import keras_internals
+from tftrain.compat import tf_internals
 
 __all__ = ["DistributedData", "check_strategy", "iterate"]
 
@@ -37,7 +37,7 @@ class DistributedData:
     def __init__(self, distributed: Any, skipped: int = 0):
         self.distributed = distributed
         self.skipped = skipped
-        self.strategy: tf.distribute.Strategy = keras_internals.distributed_dataset_strategy(distributed)
+        self.strategy: tf.distribute.Strategy = tf_internals.distributed_dataset_strategy(distributed)
 
     @property
     def element_spec(self) -> Any:
@@ -49,7 +49,7 @@ class DistributedData:
                 return tf.TensorSpec([None, *shape[1:]], spec.dtype, spec.name)
             return spec
 
-        per_replica = tf.nest.map_structure(keras_internals.per_replica_spec, self.distributed.element_spec)
+        per_replica = tf.nest.map_structure(tf_internals.per_replica_spec, self.distributed.element_spec)
         return tf.nest.map_structure(relaxed, per_replica)
 
     def cardinality(self) -> int:
@@ -81,7 +81,7 @@ class DistributedData:
         return int(self.distributed.cardinality)  # a number, not a method, on a DistributedDataset
 
     def _count_is_per_pipeline(self) -> bool:
-        return keras_internals.made_from_function(self.distributed) and self.strategy.num_replicas_in_sync > 1
+        return tf_internals.made_from_function(self.distributed) and self.strategy.num_replicas_in_sync > 1
 
     def skip(self, count: int) -> DistributedData:
         """The same data, whose iterators first skip `count` batches (as `tf.data.Dataset.skip`)."""

@@ -4,10 +4,10 @@
 Trainer accepts exactly what `model.fit` accepts: NumPy arrays and tensors
 (nested in dicts, lists and tuples), ragged and sparse tensors,
 `tf.data.Dataset`, a `tf.distribute.DistributedDataset` (read as distributed:
-`tftrain.data.distributed_data`), `keras.utils.PyDataset` (with its workers and
+`tftrain.fit_inputs.distributed_data`), `keras.utils.PyDataset` (with its workers and
 multiprocessing) and Python generators, with `batch_size`, `shuffle`,
 `sample_weight` and `class_weight` applied as Keras applies them.
-`tftrain.data.epoch_plan.EpochPlan` decides which iterator each epoch reads and
+`tftrain.fit_inputs.epoch_plan.EpochPlan` decides which iterator each epoch reads and
 how many steps it runs.
 """
 
@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tftrain.arguments import check_int
 from tftrain.compat import keras_internals
-from tftrain.data.distributed_data import DistributedData
+from tftrain.fit_inputs.distributed_data import DistributedData
 
 INPUT_KINDS = ("dataset", "distributed", "arrays", "py_dataset", "generator")
 """The kinds of input `adapt` tells apart (`AdaptedInput.kind`)."""

@@ -91,7 +91,7 @@ class EpochOrder:
         return self._dataset(replay)
 
     def _dataset(self, order: Any) -> tf.data.Dataset:
-        """Keras's pipeline with its order through `order`, its length stated as `tftrain.data.inputs.adapt` states it."""
+        """Keras's pipeline with its order through `order`, its length stated as `tftrain.fit_inputs.inputs.adapt` states it."""
         dataset = keras_internals.array_dataset_with_order(self.adapter, self.num_samples, order)
         return dataset.apply(tf.data.experimental.assert_cardinality(self.adapter.num_batches))
 
