@@ -87,10 +87,6 @@ def check_options(**options: Any) -> None:
     _option_objects(jit_compile=jit_compile is True, **values)
 
 
-# The model's step that the Trainer's default step of each kind calls.
-_MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
-
-
 class Trainer:
     """Trains a `keras.Model` with a custom loop: fast, measured, Keras-callback driven.
 
@@ -384,7 +380,7 @@ class Trainer:
         """
         if not self.uses_model_step(kind):
             return getattr(self, f"{kind}_step"), True
-        name = _MODEL_STEPS[kind]
+        name = model_setup.MODEL_STEPS[kind]
         convert = self.options.use_tf_function and model_setup.model_step_is_user_code(self.model, name)
 
         def model_step(batch: Any) -> Any:

@@ -82,3 +82,16 @@ def test_nothing_is_restored_from_a_checkpoint_that_does_not_fit_the_model(tmp_p
         trainer.fit(_regression(), epochs=2, steps_per_epoch=4, verbose=0)
     for weight, value in zip(other.weights, before, strict=True):
         np.testing.assert_array_equal(weight.numpy(), value)
+
+
+def test_every_service_gets_its_saved_state_at_a_resume_the_timing_included(tmp_path):
+    """The states are loaded once the run has all its services, the last ones (the timing) included."""
+    x = np.random.default_rng(0).random((32, 6), dtype=np.float32)
+    y = np.zeros(32, dtype=np.int32)
+    compile_kwargs = {"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"}
+    first = tftrain.Trainer(make_mlp(), **compile_kwargs, model_dir=str(tmp_path))
+    first.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    resumed = tftrain.Trainer(make_mlp(), **compile_kwargs, model_dir=str(tmp_path))
+    resumed.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    assert resumed.timing.steps == 4  # the first run's 2 steps and the resumed run's 2
+    assert resumed.timing.first_step_s == first.timing.first_step_s  # the job's first call, not the resumed one's

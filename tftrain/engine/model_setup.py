@@ -19,6 +19,9 @@ from tftrain.engine import strategy_checks
 from tftrain.fit_inputs import fit_checks, inputs
 from tftrain.model import CustomModel
 
+MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
+"""The model's step that the Trainer's default step of each kind of call (train, eval, predict) calls."""
+
 _DEFAULT_MODEL_STEPS = {
     "train_step": (keras.Model.train_step, CustomModel.train_step),
     "test_step": (keras.Model.test_step, CustomModel.test_step),

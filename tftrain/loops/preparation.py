@@ -33,8 +33,6 @@ from tftrain.loops.owner import StepOwner
 
 __all__ = ["FitArguments", "FitCall", "ValidationData", "build", "check_step", "fit_call", "plan_for", "plan_of"]
 
-_MODEL_STEPS = {"train": "train_step", "eval": "test_step", "predict": "predict_step"}
-
 
 class ValidationData:
     """`fit`'s validation data, adapted where Keras adapts it.
@@ -99,7 +97,7 @@ class FitCall:
 def check_step(owner: StepOwner, kind: str) -> None:
     """The model's default steps need a compiled model (and an optimizer, to train)."""
     if owner.uses_model_step(kind):
-        model_setup.check_compiled_for(owner.model, _MODEL_STEPS[kind], f"{kind}_step")
+        model_setup.check_compiled_for(owner.model, model_setup.MODEL_STEPS[kind], f"{kind}_step")
 
 
 def plan_of(owner: StepOwner, data: inputs.AdaptedInput) -> EpochPlan:
@@ -117,7 +115,7 @@ def plan_of(owner: StepOwner, data: inputs.AdaptedInput) -> EpochPlan:
 def plan_for(owner: StepOwner, kind: str, data: inputs.AdaptedInput, argument: str) -> EpochPlan:
     """The plan over adapted inputs, checked: batched, targets where the loss needs them, an even global batch."""
     plan = plan_of(owner, data)
-    default = owner.uses_model_step(kind) and model_setup.uses_default_step(owner.model, _MODEL_STEPS[kind])
+    default = owner.uses_model_step(kind) and model_setup.uses_default_step(owner.model, model_setup.MODEL_STEPS[kind])
     model_setup.check_data(owner.model, plan.dataset, argument, owner.engines.strategy, default_step=default)
     return plan
 

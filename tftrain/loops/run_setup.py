@@ -151,17 +151,16 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
             )  # fmt: skip
 
             def build_services(restored: restore.Restored) -> list[Service]:
-                return _add_model_dir_services(services, where, checkpointer, restored, owner, call, parts, window)
+                # Every service of the run, before their saved states are loaded into them.
+                _add_model_dir_services(services, where, checkpointer, restored, owner, call, parts, window)
+                if lock is not None:  # released at the run's end, after the last save
+                    services.append(WriterLockService(lock))
+                return _add_trailing_services(services, owner, timing_service)
 
             found, services = restore.restore_run(checkpointer, request, build_services)
-            if lock is not None:
-                services.append(WriterLockService(lock))  # released at the run's end, after the last save
-                lock = None
-        step_summaries = owner.engines.in_step_summaries(options.model_dir, options.summary_every_steps)
-        if step_summaries is not None:
-            services.append(InStepSummaryService(step_summaries))
-        services.append(timing_service)
-        _check_names(services)
+            lock = None  # a service of the run now (closing it twice is harmless)
+        else:
+            _add_trailing_services(services, owner, timing_service)
     except BaseException:
         with contextlib.suppress(Exception):  # the setup's error is the one to report
             close_all(services)  # what the services hold: writers, signal handlers, the lock
@@ -195,6 +194,17 @@ def _leading_services(owner: StepOwner, call: FitCall, parts: RunParts) -> list[
     if call.total_steps is not None:
         services.append(StepBudget(call.total_steps))
     return services + list(parts.services)
+
+
+def _add_trailing_services(services: list[Service], owner: StepOwner, timing: TimingService) -> list[Service]:
+    """Appends the services that run last (the in-step summaries, the timing); checks the names. Returns `services`."""
+    options = owner.run_options
+    step_summaries = owner.engines.in_step_summaries(options.model_dir, options.summary_every_steps)
+    if step_summaries is not None:
+        services.append(InStepSummaryService(step_summaries))
+    services.append(timing)
+    _check_names(services)
+    return services
 
 
 def _planned_steps(call: FitCall) -> int | None:
