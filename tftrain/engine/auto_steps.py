@@ -34,12 +34,11 @@ MAX_CALL_S = 0.5
 MIN_CALL_S = 0.2
 """The shortest a call is planned to last, where one step is shorter.
 
-The fitted overhead misses part of what a call boundary costs: on 2 CPU cores
-(TF 2.21, 2026-12-04) one step per call cost 14% more than 20 steps per call on
-a 20 ms CNN step and 6% more on a 55 ms linear step, while the probes put the
-overhead under 2% of a step and "auto" kept one step per call (see
-docs/benchmarks.md). Calls of 0.2 s run 4-10 such steps, where the measured
-cost is within about 2% of the best fixed k.
+The fitted overhead misses part of what a call boundary costs: on steps of
+tens of milliseconds, one step per call measurably costs more than many steps
+per call while the probes put the overhead near zero (docs/benchmarks.md).
+Calls of at least this long run several such steps, where the measured cost is
+close to the best fixed k.
 """
 
 

@@ -257,8 +257,7 @@ def make_single_step(
     structure after `next(iterator)`. With it, the function is `(batch)`,
     compiled whole with XLA: a compiled step called from a graph that reads
     the batch costs more host CPU than the compiled function called on a
-    batch fetched in Python (measured on the benchmark's MLP: 1.35 against
-    1.08 ms of CPU time per step).
+    batch fetched in Python (docs/benchmarks.md).
 
     Args:
         step: The compiled step (`batch -> logs`).

@@ -17,7 +17,7 @@ def batch_hooks(callback_list: keras.callbacks.CallbackList, kind: str):
     """The list's batch hooks for `kind`, or no-ops if no callback overrides them.
 
     Keras's CallbackList converts the logs to Python values on every batch
-    hook call (a host sync and ~13 us per step), even when no callback reads them.
+    hook call (a host wait for the device), even when no callback reads them.
     """
     if not any(_implements_batch_hooks(cb, kind) for cb in callback_list.callbacks):
         return _no_hook, _no_hook

@@ -8,7 +8,7 @@ for its output when it can, and then moves that input to the front of the
 sum; which input it can reuse depends on the order in which the executor ran
 the other ops that read them. Floating-point addition is not associative, so
 one step, from the same weights on the same batch, gives gradients that differ
-in the last bits from call to call. Measured on 2026-12-04 (TF 2.21, CPU): the
+in the last bits from call to call. On CPU (TF 2.21), the
 demo's ResNet-18 repeated the same gradient call 30 times and about one call
 in five differed (10.5% of the elements of the gradient at the last
 block's second convolution), even with one inter-op and one intra-op thread
