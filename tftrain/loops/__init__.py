@@ -7,6 +7,8 @@ A `fit` call goes `tftrain.trainer` -> `fit_loop` -> `epoch_loop` ->
   plans (`FitCall`), before any step.
 - `fit_loop`: `run_fit`, one `fit` call to its target (epochs or a step budget).
 - `epoch_loop`: `run_pass`, one epoch (or evaluation, or prediction) of host calls.
+- `step_plan`: `StepPlan`, the steps of each host call of a pass and the
+  indices its batch hooks get.
 - `inference`: the evaluation loop (`evaluate`, `predict`, `fit`'s validation).
 - `run_setup`: starting a run: the restore sequence, then the services in order.
 - `training_run`: `TrainingRun`, the run's progress and its services

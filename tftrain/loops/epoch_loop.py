@@ -1,24 +1,26 @@
 """The epoch loop: one pass (an epoch, an evaluation or a prediction) of host calls over the engine.
 
 `run_pass` asks the engine (`tftrain.engine.step_loop.StepLoop`) for host calls
-of k steps, ending each where the data ends or where a service acts
-(`TrainingRun.steps_allowed`), calls the batch hooks around each call, and
-files it with the run, which runs the services. A training call whose results
-nothing needs at once is read one call late, after the next call is dispatched.
+of k steps, sized by a `tftrain.loops.step_plan.StepPlan` (ending each where
+the data ends or where a service acts: `TrainingRun.steps_allowed`), calls the
+batch hooks around each call, and files it with the run, which runs the
+services. A training call whose results nothing needs at once is read one
+call late, after the next call is dispatched (`_HostCalls`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tftrain import timing
-from tftrain.compat import keras_internals
+from tftrain.engine import calls
 from tftrain.engine.auto_steps import StepsPerCall
 from tftrain.engine.step_loop import StepLoop
 from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import hooks
+from tftrain.loops.step_plan import StepPlan
 from tftrain.loops.training_run import TrainingRun
 
 __all__ = ["run_pass"]
@@ -55,109 +57,141 @@ def run_pass(
     steps_per_call = (
         steps_per_loop if isinstance(steps_per_loop, StepsPerCall) else StepsPerCall(steps_per_loop)
     )
-    target = plan.steps
-    # Where the epoch's calls end: "auto" ends its calls at the target; a fixed k runs k steps
-    # per call, past `steps_per_epoch` up to the next multiple of k, as Keras's
-    # `steps_per_execution` does (also where a service edge shortened a call).
-    epoch_end = target
-    if target is not None and not steps_per_call.auto:
-        epoch_end = -(-target // steps_per_call.chosen) * steps_per_call.chosen
-    step = run.progress.step_in_epoch if run is not None else 0
-    logs, data_ended, unread = None, False, None
-    # Results are read one call late where nothing on the host needs them at once (module doc).
-    may_defer = (
-        run is not None
-        and not run.reads_every_call
-        and step_loop.pipelines
-        and hooks.is_no_hook(on_batch_end)
-    )
+    steps = StepPlan(plan, steps_per_call, run=run)
+    host_calls = _HostCalls(step_loop, run, timer, may_defer=hooks.is_no_hook(on_batch_end))
+    logs = None
     if run is not None:
-        run.epoch_steps = target
+        run.epoch_steps = steps.target
     try:
         iterator = plan.begin_epoch()
-        if run is not None and target is not None and not steps_per_call.auto:
-            left = plan.batches_left(step)  # a fixed k's epoch also ends where the data does
-            run.epoch_steps = epoch_end if left is None else min(epoch_end, step + left)
-        while target is None or step < target:
-            if run is not None and run.finished:
-                break
+        if run is not None:
+            run.epoch_steps = steps.epoch_steps()
+        while steps.more_calls() and not (run is not None and run.finished):
             call_start = time.perf_counter()
-            requested = wanted = steps_per_call.next()
-            if epoch_end is not None:
-                wanted = min(wanted, epoch_end - step)
-            left = plan.batches_left(step)
-            if left is not None:
-                if left <= 0:  # the pass ended before the epoch: no hook for a call with no step
-                    data_ended = True
-                    break
-                wanted = min(wanted, left)
-            shortened_by_run = False
-            if run is not None:
-                allowed = run.steps_allowed(wanted)
-                shortened_by_run = allowed < wanted
-                wanted = allowed
-                run.before_call()
-            if timer is not None:
-                timer.begin_call()
-            hook_start = time.perf_counter()
-            on_batch_begin(step)
-            if timer is not None:
-                timer.exclude(time.perf_counter() - hook_start)
-            first = None
-            if plan.may_end_unannounced:
-                # As under `fit`, the begin hook of a call that finds no batch has no end hook.
-                first = step_loop.peek(iterator)  # part of the call's time: it fetched the first batch
-                if not first.has_value():
-                    data_ended = True
-                    break
-            traces_before = step_loop.traces
-            call = step_loop.dispatch(
-                iterator, wanted, first, available=not plan.may_end_unannounced, after=unread
-            )
-            traced = step_loop.traces != traces_before
-            if unread is not None:
-                run.settle(traced)  # the previous call's results, read while this one runs
-                unread = None
-            defer = (
-                may_defer
-                and call.steps is not None
-                and not traced
-                and steps_per_call.chosen is not None
-                and (target is None or step + call.steps < target)
-                and not run.ends_at_boundary(call.steps)
-            )
-            if defer:
-                result = run.file_unread(call, traced)
-                unread = call
-            else:
-                result = call.result()
-                if timer is not None:
-                    timer.end_call(result.steps, result.examples, traced=traced)
-                if run is not None:
-                    run.after_call(result)
+            num_steps = steps.next_call_steps()
+            if num_steps is None:  # the data ended before the epoch: no call, no hook
+                break
+            host_calls.begin(on_batch_begin, steps.step)
+            found, first = _first_batch(plan, step_loop, iterator)
+            if not found:
+                steps.found_no_batch()
+                break
+            call, traced = host_calls.dispatch(iterator, num_steps, first, available=not plan.may_end_unannounced)
+            result = host_calls.read(call, traced, steps)
+            begin = steps.advance(result.steps)
             if result.steps:
-                begin = step
-                step += result.steps
                 logs = result.logs
-                if steps_per_call.auto or shortened_by_run:
-                    on_batch_end(step - 1, logs)
-                else:  # the index Keras reports for a call of `requested` steps
-                    on_batch_end(keras_internals.batch_end_index(begin, requested), logs)
+                on_batch_end(steps.batch_end_index(begin), logs)
             steps_per_call.record(result.steps, time.perf_counter() - call_start, traced)
-            rolled_back = result.nonfinite and run is not None and run.reads_every_call
-            if result.steps < wanted and not rolled_back:  # a rolled-back call stopped at its blow-up
-                data_ended = True
-                if plan.may_end_unannounced and not (steps_per_call.auto or shortened_by_run):
-                    # Keras's epoch iterator counts k steps per call and starts one more
-                    # call, which finds no batch: its begin hook, with no end hook.
-                    on_batch_begin(begin + requested)
+            if steps.ran_out(result):
+                if (index := steps.unannounced_begin_index(begin)) is not None:
+                    on_batch_begin(index)
                 break
             if should_stop():
                 break
-        if unread is not None:
-            run.settle()
+        host_calls.settle()
     except BaseException:
         plan.close()
         raise
-    plan.end_epoch(step, data_ended, cut=run is not None and run.cut_by_budget)
+    plan.end_epoch(steps.step, steps.data_ended, cut=run is not None and run.cut_by_budget)
     return logs
+
+
+def _first_batch(plan: EpochPlan, step_loop: StepLoop, iterator: Iterator[Any]) -> tuple[bool, Any]:
+    """Whether the call has a batch, and its first batch where the loop had to look (else None).
+
+    As under `fit`, the begin hook of a call that finds no batch has no end
+    hook: where the data may end with no count saying so, the call peeks at
+    its first batch after the begin hook (part of the call's time: it fetched
+    the batch) and passes it on to the engine.
+    """
+    if not plan.may_end_unannounced:
+        return True, None
+    first = step_loop.peek(iterator)
+    return first.has_value(), first
+
+
+class _HostCalls:
+    """A pass's host calls around the engine: what comes before each, its dispatch, and reading its results.
+
+    Before a call, the services' `before_call` and the batch begin hook (its
+    time kept out of the call's). A training call whose results nothing on
+    the host needs at once is read one call late (`TrainingRun.file_unread`,
+    then `TrainingRun.settle` after the next call is dispatched).
+
+    Args:
+        step_loop: The engine.
+        run: The training run, or None.
+        timer: Times the training calls, or None.
+        may_defer: Whether nothing reads a call's logs at once (no batch end hook).
+    """
+
+    def __init__(
+        self, step_loop: StepLoop, run: TrainingRun | None, timer: timing.StepTimer | None, *, may_defer: bool
+    ):
+        self._step_loop = step_loop
+        self._run = run
+        self._timer = timer
+        # Results are read one call late where nothing on the host needs them at once (module doc).
+        self._may_defer = run is not None and not run.reads_every_call and step_loop.pipelines and may_defer
+        self._unread: calls.PendingCall | None = None
+
+    def begin(self, on_batch_begin: Callable[..., Any], index: int) -> None:
+        """Before a call: the services' `before_call`, the timer's start, then the begin hook (not timed)."""
+        if self._run is not None:
+            self._run.before_call()
+        if self._timer is not None:
+            self._timer.begin_call()
+        hook_start = time.perf_counter()
+        on_batch_begin(index)
+        if self._timer is not None:
+            self._timer.exclude(time.perf_counter() - hook_start)
+
+    def dispatch(
+        self, iterator: Iterator[Any], num_steps: int, first: Any, *, available: bool
+    ) -> tuple[calls.PendingCall, bool]:
+        """Dispatches a call (`StepLoop.dispatch`), then reads the previous call if it was left unread.
+
+        Returns:
+            The call, and whether it traced.
+        """
+        traces_before = self._step_loop.traces
+        call = self._step_loop.dispatch(iterator, num_steps, first, available=available, after=self._unread)
+        traced = self._step_loop.traces != traces_before
+        if self._unread is not None:
+            self._run.settle(traced)  # the previous call's results, read while this one runs
+            self._unread = None
+        return call, traced
+
+    def read(self, call: calls.PendingCall, traced: bool, steps: StepPlan) -> calls.LoopResult:
+        """Files a dispatched call with the timer and the run: its results now, or after the next dispatch.
+
+        Returns:
+            The call's `LoopResult` (where it is read later: its expected steps, logs not read).
+        """
+        if self._defers(call, traced, steps):
+            result = self._run.file_unread(call, traced)
+            self._unread = call
+            return result
+        result = call.result()
+        if self._timer is not None:
+            self._timer.end_call(result.steps, result.examples, traced=traced)
+        if self._run is not None:
+            self._run.after_call(result)
+        return result
+
+    def _defers(self, call: calls.PendingCall, traced: bool, steps: StepPlan) -> bool:
+        """Whether the call is read one call late (see `run_pass`)."""
+        return (
+            self._may_defer
+            and call.steps is not None
+            and not traced
+            and not steps.measuring
+            and not steps.ends_pass(call.steps)
+            and not self._run.ends_at_boundary(call.steps)
+        )
+
+    def settle(self) -> None:
+        """At the end of the pass: reads the call left unread, if any."""
+        if self._unread is not None:
+            self._run.settle()
