@@ -349,3 +349,73 @@ def test_collecting_loop_with_a_peeked_batch_collects_it_first():
     result = loop.dispatch(iterator, 2, first).result()
     assert result.steps == 2
     assert result.logs[0]["double"].numpy().tolist() == (2 * np.arange(6)).tolist()
+
+
+# ------------------------------------------------------------------ the call path, chosen once
+
+# (engine, `make_loop` keyword arguments, the path every call takes, steps per call)
+CALL_PATHS = {
+    "graph+collect": ("graph_loop3", dict(collect=True), "_collecting_call", 3),
+    "graph": ("graph_loop3", dict(), "_graph_call", 3),
+    "compiled single step": ("graph", dict(), "_single_or_host_call", 1),
+    "xla single step": ("xla", dict(), "_single_or_host_call", 1),
+    "host loop": ("eager_loop3", dict(), "_plain_host_call", 3),
+    "host loop, guarded": ("eager", dict(stop_on_nonfinite=True), "_guarded_host_call", 1),
+    "host loop, collecting": ("eager_loop3", dict(collect=True), "_plain_host_call", 3),
+}
+
+
+def _chosen(loop):
+    return loop._call.__func__.__name__
+
+
+@pytest.mark.parametrize("config", sorted(CALL_PATHS), ids=sorted(CALL_PATHS))
+def test_the_call_path_is_chosen_once_when_the_loop_is_built(config, monkeypatch):
+    engine, kwargs, path, steps_per_call = CALL_PATHS[config]
+    collect = kwargs.get("collect", False)
+    loop = step_loop.make_loop(
+        doubled if collect else Counter(), options.EngineOptions(**LOOP_ENGINES[engine]), **kwargs
+    )
+    assert _chosen(loop) == path
+
+    def chosen_again(self):
+        raise AssertionError("a call chose its path again")
+
+    # Nothing is chosen per call: every dispatch goes through the path chosen at construction.
+    monkeypatch.setattr(step_loop.StepLoop, "_choose_call", chosen_again)
+    monkeypatch.setattr(step_loop.StepLoop, "_choose_host_call", chosen_again)
+    taken = []
+    call = loop._call
+    loop._call = lambda *args: taken.append(args[1]) or call(*args)
+    sizes = [len(BATCHES[index : index + steps_per_call]) for index in range(0, len(BATCHES), steps_per_call)]
+    iterator = iter(make_dataset())
+    calls = []
+    for steps in sizes:  # each dispatched before the previous one is read
+        calls.append(loop.dispatch(iterator, steps, available=True, after=calls[-1] if calls else None))
+    results = [call.result() for call in calls]
+    assert taken == [result.steps for result in results] == sizes
+    assert [result.examples for result in results] == [
+        sum(len(batch) for batch in BATCHES[index : index + steps_per_call])
+        for index in range(0, len(BATCHES), steps_per_call)
+    ]
+    if collect:
+        doubles = np.concatenate([chunk["double"] for result in results for chunk in result.logs])
+        assert doubles.tolist() == (2 * np.arange(NUM_VALUES)).tolist()
+    else:
+        assert float(results[-1].logs["total"]) == float(np.arange(NUM_VALUES).sum())
+        assert float(results[-1].logs["first"]) == BATCHES[-1][0]
+        assert not any(result.nonfinite for result in results)
+    with pytest.raises((StopIteration, tf.errors.OutOfRangeError)):  # every batch trained on, none beyond
+        next(iterator)
+
+
+@pytest.mark.parametrize(
+    "engine, path",
+    [("graph_loop3", "_graph_call"), ("graph", "_single_or_host_call"), ("eager", "_flagging_host_call")],
+)
+def test_an_engine_past_nonfinite_losses_chooses_its_own_path(engine, path):
+    loop = step_loop.make_loop(
+        Counter(), options.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True
+    )
+    assert _chosen(loop.past_nonfinite()) == path
+    assert loop.past_nonfinite().pipelines == loop.pipelines == (path == "_graph_call")

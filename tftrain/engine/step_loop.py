@@ -94,6 +94,12 @@ class StepLoop:
     non-finite loss: each runs its steps, and its `LoopResult.nonfinite`
     says whether any of them had a non-finite loss.
 
+    The path a call takes (the collecting or the plain k-step loop in the
+    graph, the compiled single step, or the host loop) is chosen once, when
+    the loop is built; `dispatch` only calls it. What depends on the iterator
+    (whether the single step can read its batches, whether collected outputs
+    are dense) is decided on its first call and cached.
+
     Attributes:
         step: The compiled single step (`batch -> logs`).
         trace_counter: Counts traces of the step.
@@ -154,6 +160,27 @@ class StepLoop:
         self._dense_by_input: dict[str, bool] = {}  # collect: whether a step's outputs suit the graph loop
         self._num_steps_cache: dict[int, tf.Tensor] = {}
         self._not_halted = tf.constant(False)  # `halted` for a call after a read one
+        self._pipelines = self._graph_loop is not None and not collect
+        # The call path, chosen once here (as Keras's `make_train_function`
+        # chooses its function once); `dispatch` only calls it.
+        self._host_call = self._choose_host_call()
+        self._call = self._choose_call()
+
+    def _choose_call(self) -> Callable[..., PendingCall]:
+        """The path every call of this engine takes: `(iterator, num_steps, first, available, halted)`."""
+        if self._graph_loop is not None:
+            return self._collecting_call if self.collect else self._graph_call
+        if self._single_step is not None:
+            return self._single_or_host_call
+        return self._host_call
+
+    def _choose_host_call(self) -> Callable[..., PendingCall]:
+        """How this engine runs steps from the host: flagging, guarding or neither, as it was built."""
+        if self.flag_nonfinite:
+            return self._flagging_host_call
+        if self.stop_on_nonfinite and not self.collect:
+            return self._guarded_host_call
+        return self._plain_host_call
 
     def _count_trace(self) -> None:
         self._loop_traces += 1
@@ -186,7 +213,7 @@ class StepLoop:
     @property
     def pipelines(self) -> bool:
         """Whether a call can be dispatched before the previous call's results are read (`dispatch`'s `after`)."""
-        return self._graph_loop is not None and not self.collect
+        return self._pipelines
 
     def _dense_outputs(self, iterator: Any) -> bool:
         concrete = self.step.get_concrete_function(iterator.element_spec)
@@ -247,33 +274,23 @@ class StepLoop:
         Returns:
             A `PendingCall`.
         """
-        unread = after is not None and not after.done
-        if unread and (after.halted is None or not self.pipelines):
-            after.result()  # no in-graph way to skip this call after a non-finite one: read it now
-            unread = False
-        graph_loop = self._graph_loop
+        halted = self._not_halted
+        if after is not None and not after.done:
+            if after.halted is not None and self._pipelines:
+                halted = after.halted  # the graph loop skips its steps if that call halted
+            else:
+                after.result()  # no in-graph way to skip this call after a non-finite one: read it now
+        return self._call(iterator, num_steps, first, available, halted)
+
+    def _graph_call(
+        self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
+    ) -> PendingCall:
+        """The k-step loop in the graph; its result is read when asked (it pipelines)."""
         # The host knows the batches are there: each step reads its batch directly.
         counted = available and first is None and isinstance(iterator, tf.data.Iterator)
-        if self.collect and graph_loop is not None:
-            # A TensorArray holds dense tensors only: other outputs are joined on the host.
-            key = repr(iterator.element_spec)
-            if key not in self._dense_by_input:
-                self._dense_by_input[key] = self._dense_outputs(iterator)
-            if self._dense_by_input[key]:
-                args = (iterator, self._count(num_steps), first, counted)
-                steps, examples, outputs = self._concrete(
-                    ("collect", first is not None, counted), iterator, graph_loop, *args
-                )(*args)
-                return PendingCall(lambda: _collected(steps, examples, outputs), None, None)
-            graph_loop = None
-        if graph_loop is None:
-            if num_steps == 1 and (available or first is not None) and self._single_step_suits(iterator):
-                return self._single_call(iterator, first)
-            return self._host_call(iterator, num_steps, first)
-        halted = after.halted if unread else self._not_halted
         args = (iterator, self._count(num_steps), halted, first, counted)
         counts, nonfinite, outputs = self._concrete(
-            ("loop", first is not None, counted), iterator, graph_loop, *args
+            ("loop", first is not None, counted), iterator, self._graph_loop, *args
         )(*args)
 
         def read() -> LoopResult:
@@ -286,9 +303,38 @@ class StepLoop:
         logs = outputs if not isinstance(outputs, tf.experimental.Optional) else None
         return PendingCall(read, num_steps if counted and logs is not None else None, logs, nonfinite)
 
+    def _collecting_call(
+        self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
+    ) -> PendingCall:
+        """The collecting k-step loop in the graph, or the host loop for outputs it cannot hold."""
+        # Per iterator (cached by element spec): a TensorArray holds dense tensors
+        # only, so other outputs are joined on the host.
+        key = repr(iterator.element_spec)
+        dense = self._dense_by_input.get(key)
+        if dense is None:
+            dense = self._dense_by_input[key] = self._dense_outputs(iterator)
+        if not dense:
+            return self._host_call(iterator, num_steps, first, available, halted)
+        # The host knows the batches are there: each step reads its batch directly.
+        counted = available and first is None and isinstance(iterator, tf.data.Iterator)
+        args = (iterator, self._count(num_steps), first, counted)
+        steps, examples, outputs = self._concrete(
+            ("collect", first is not None, counted), iterator, self._graph_loop, *args
+        )(*args)
+        return PendingCall(lambda: _collected(steps, examples, outputs), None, None)
+
+    def _single_or_host_call(
+        self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
+    ) -> PendingCall:
+        """The compiled single step where it can read the batch, else the host loop."""
+        # Per iterator (cached in `_single_step_suits`): whether the graph can read its batches.
+        if num_steps == 1 and (available or first is not None) and self._single_step_suits(iterator):
+            return self._single_call(iterator, first)
+        return self._host_call(iterator, num_steps, first, available, halted)
+
     def _single_step_suits(self, iterator: Any) -> bool:
         """Whether the in-graph single step can run on this iterator (a plain `tf.data` one, batched)."""
-        if self._single_step is None or not isinstance(iterator, tf.data.Iterator):
+        if not isinstance(iterator, tf.data.Iterator):
             return False
         if self._suits is None or self._suits[0]() is not iterator:  # decided once per iterator
             first_spec = tf.nest.flatten(iterator.element_spec)[0]
@@ -325,14 +371,35 @@ class StepLoop:
 
         return PendingCall(read, 1, logs)
 
-    def _host_call(self, iterator: Iterator[Any], num_steps: int, first: Any) -> PendingCall:
-        if self.flag_nonfinite:
-            result, seen = _host_loop(
-                self.step, iterator, num_steps, self.strategy, False, False, first, flag=True
-            )
-            return PendingCall(
-                lambda: _waited(result)._replace(nonfinite=bool(seen)), result.steps, result.logs
-            )
+    def _flagging_host_call(
+        self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
+    ) -> PendingCall:
+        """Host steps that run past a non-finite loss; the result says whether any step had one."""
+        result, seen = _host_loop(
+            self.step, iterator, num_steps, self.strategy, False, False, first, flag=True
+        )
+        return PendingCall(lambda: _waited(result)._replace(nonfinite=bool(seen)), result.steps, result.logs)
+
+    def _guarded_host_call(
+        self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
+    ) -> PendingCall:
+        """Host steps that stop at a non-finite loss; the last step's loss is tested with the result."""
+        result, _ = _host_loop(
+            self.step, iterator, num_steps, self.strategy, True, False, first, loss_limit=self.loss_limit
+        )
+        if not result.steps or result.nonfinite:
+            return PendingCall(lambda: _waited(result), result.steps, result.logs)
+        # The last step's loss is read with the result: that read is the call's one wait for the device.
+        return PendingCall(
+            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs, self.loss_limit)),
+            result.steps,
+            result.logs,
+        )
+
+    def _plain_host_call(
+        self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
+    ) -> PendingCall:
+        """Host steps with no loss test at the end of the call."""
         result, _ = _host_loop(
             self.step,
             iterator,
@@ -343,14 +410,7 @@ class StepLoop:
             first,
             loss_limit=self.loss_limit,
         )
-        if self.collect or not self.stop_on_nonfinite or not result.steps or result.nonfinite:
-            return PendingCall(lambda: _waited(result), result.steps, result.logs)
-        # The last step's loss is read with the result: that read is the call's one wait for the device.
-        return PendingCall(
-            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs, self.loss_limit)),
-            result.steps,
-            result.logs,
-        )
+        return PendingCall(lambda: _waited(result), result.steps, result.logs)
 
 
 def _waited(result: LoopResult) -> LoopResult:
