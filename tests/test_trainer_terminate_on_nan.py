@@ -129,4 +129,4 @@ def test_without_terminate_on_nan_the_guard_stays_and_nothing_more_is_traced():
         regression_data(nan_batch=None), epochs=1, callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0
     )
     assert trainer.engines._past_nonfinite is not None
-    assert trainer.engines.loop("train").trace_counter.count == 1  # one trace of the step for both
+    assert trainer.engines.runner("train").trace_counter.count == 1  # one trace of the step for both

@@ -3,7 +3,7 @@
 A `fit` call reads top-down: `Trainer.fit` checks its arguments and adapts
 its inputs, `tftrain.loops.fit_loop.run_fit` runs the call to its target,
 `tftrain.loops.epoch_loop.run_pass` runs each epoch's host calls, and
-`tftrain.engine.step_loop.StepLoop` runs the steps of one call. The step is
+`tftrain.engine.step_runner.StepRunner` runs the steps of one call. The step is
 the model's own `train_step` (so a `keras.Model` or `tftrain.CustomModel`
 trains as under `model.fit`), or `Trainer.train_step` overridden in a subclass.
 """
@@ -25,8 +25,8 @@ from tftrain.arguments import check_jit_compile
 from tftrain.compat import tf_internals
 from tftrain.engine import model_setup
 from tftrain.loops import dry_run, fit_loop, inference, lr_sweep, preparation, run_setup
-from tftrain.loops.engines import Engines
 from tftrain.loops.owner import TrackedAttributes
+from tftrain.loops.trainer_engines import Engines
 from tftrain.options import EngineOptions, RunOptions, check_engine_options
 from tftrain.services.loss_recovery import RecoveryPolicy, keep_every_steps_for
 from tftrain.services.protocol import Service, check_services
@@ -366,7 +366,7 @@ class Trainer:
         return self.model.predict_step(batch)
 
     def _engine_step(self, kind: str) -> tuple[Any, bool]:
-        """The step an engine of `kind` runs, and whether `make_loop` converts it with AutoGraph.
+        """The step an engine of `kind` runs, and whether `make_runner` converts it with AutoGraph.
 
         A Trainer subclass's own step is user code: converted. The default
         step calls the model's own, looked up when the step traces (as
@@ -484,8 +484,9 @@ class Trainer:
             ValueError: a keyword argument `keras.Model.evaluate` does not take.
         """
         return inference.evaluate(
-            self, x, y, batch_size, verbose, sample_weight, steps, callbacks, return_dict, kwargs
-        )
+            self, x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight, steps=steps,
+            callbacks=callbacks, return_dict=return_dict, kwargs=kwargs,
+        )  # fmt: skip
 
     def predict(
         self,
@@ -501,7 +502,7 @@ class Trainer:
             The predictions for every example, in the structure the step
             returns: NumPy arrays (ragged or sparse tensors where the outputs are).
         """
-        return inference.predict(self, x, batch_size, verbose, steps, callbacks)
+        return inference.predict(self, x, batch_size=batch_size, verbose=verbose, steps=steps, callbacks=callbacks)
 
     def evaluate_continuously(
         self, x: Any = None, y: Any = None, **kwargs: Any

@@ -2,7 +2,7 @@
 
 Keras marks its step and loop functions `do_not_convert`; the Trainer's
 engine builds every `tf.function` with `autograph=False` and converts the
-user's step alone (`make_loop(..., autograph=True)`), once. Converting the
+user's step alone (`make_runner(..., autograph=True)`), once. Converting the
 library's own functions at every trace cost about a second of a tutorial
 run's first step.
 """

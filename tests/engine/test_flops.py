@@ -125,9 +125,9 @@ def test_counting_traces_nothing_again_and_changes_no_step():
         trainer.fit(*data(), batch_size=BATCH, shuffle=False, verbose=0)
     for mine, theirs in zip(counted.model.get_weights(), plain.model.get_weights(), strict=True):
         np.testing.assert_array_equal(mine, theirs)  # counting changed no step
-    counter = counted.engines.loops["train"].trace_counter
+    counter = counted.engines.runners["train"].trace_counter
     assert counted.timing.trace_count == plain.timing.trace_count
-    assert counter.count == plain.engines.loops["train"].trace_counter.count
+    assert counter.count == plain.engines.runners["train"].trace_counter.count
     traces = counter.count
     assert flops.step_flops(counter, BATCH).flops == counted.timing.flops_per_step
     assert counter.count == traces

@@ -16,15 +16,15 @@ from helpers import (
 
 import tftrain
 from tftrain import options
-from tftrain.engine import step_loop
+from tftrain.engine import step_runner
 from tftrain.errors import NonFiniteLossError
 
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Spies on `StepLoop.dispatch`: a list of ("dispatch", n) and ("read", n) events, in order."""
+    """Spies on `StepRunner.dispatch`: a list of ("dispatch", n) and ("read", n) events, in order."""
     events = []
-    dispatch = step_loop.StepLoop.dispatch
+    dispatch = step_runner.StepRunner.dispatch
 
     def spied(self, *args, **kwargs):
         call = dispatch(self, *args, **kwargs)
@@ -39,7 +39,7 @@ def calls(monkeypatch):
         call._read = logged_read
         return call
 
-    monkeypatch.setattr(step_loop.StepLoop, "dispatch", spied)
+    monkeypatch.setattr(step_runner.StepRunner, "dispatch", spied)
     return events
 
 
@@ -60,7 +60,7 @@ def read_late(events) -> list[bool]:
 @pytest.mark.parametrize("steps_per_loop", [1, 3])
 @pytest.mark.parametrize("available", [True, False], ids=["counted", "peeked"])
 def test_a_call_after_an_unread_nonfinite_call_runs_no_step(steps_per_loop, available):
-    loop = step_loop.make_loop(
+    loop = step_runner.make_runner(
         loss_of_batch, options.EngineOptions(steps_per_loop="auto"), stop_on_nonfinite=True
     )
     iterator = iter(values_dataset())  # 1, 2, 3, nan, 5, ...
@@ -80,7 +80,7 @@ def test_a_call_after_an_unread_nonfinite_call_runs_no_step(steps_per_loop, avai
 
 @pytest.mark.parametrize("drop_remainder", [True, False], ids=["static_batch", "partial_batch"])
 def test_counted_loop_counts_examples_once_or_per_step(drop_remainder):
-    loop = step_loop.make_loop(loss_of_batch, options.EngineOptions(steps_per_loop="auto"))
+    loop = step_runner.make_runner(loss_of_batch, options.EngineOptions(steps_per_loop="auto"))
     dataset = tf.data.Dataset.range(10, output_type=tf.float32).batch(4, drop_remainder=drop_remainder)
     iterator = iter(dataset)  # 4, 4 (, 2) examples
     first = loop.dispatch(iterator, 2, available=True)

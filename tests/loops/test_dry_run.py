@@ -100,7 +100,7 @@ def test_each_stage_runs_and_is_timed_and_the_state_is_put_back(engine, tiny_dat
     x, y = tiny_data
     trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)  # slots, metrics, step and timing not at their start
     before, timing = trainer_state(trainer), trainer.timing
-    loops = dict(trainer.engines.loops)
+    loops = dict(trainer.engines.runners)
     traces = {kind: loop.traces for kind, loop in loops.items()}
 
     report = trainer.check(x, y, batch_size=8, validation_split=0.2, export=True, verbose=0)
@@ -115,7 +115,7 @@ def test_each_stage_runs_and_is_timed_and_the_state_is_put_back(engine, tiny_dat
     assert report.stage("train").detail.startswith(f"{steps} step")
     assert 0 < report.seconds < 120
     assert_same(before, trainer_state(trainer))
-    assert trainer.timing is timing and trainer.engines.loops == loops
+    assert trainer.timing is timing and trainer.engines.runners == loops
     assert {kind: loop.traces for kind, loop in loops.items()} == traces  # the Trainer's engines were not run
     assert int(trainer.global_step) == int(trainer.optimizer.iterations) == 7
     assert left_in(quiet_temp) == []  # the checkpoint and the export were removed

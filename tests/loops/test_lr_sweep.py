@@ -84,16 +84,16 @@ def test_state_is_unchanged_bit_for_bit(engine, tiny_dataset):
     trainer.fit(
         tiny_dataset, epochs=1, verbose=0
     )  # slots, metrics, global step and timing not at their start
-    before, timing, loops = state_of(trainer), trainer.timing, dict(trainer.engines.loops)
-    traces, names = trainer.engines.loops["train"].traces, dependencies(trainer.optimizer)
+    before, timing, loops = state_of(trainer), trainer.timing, dict(trainer.engines.runners)
+    traces, names = trainer.engines.runners["train"].traces, dependencies(trainer.optimizer)
 
     sweep = trainer.find_learning_rate(tiny_dataset, steps=15, max_lr=1.0)
 
     assert len(sweep.losses) == 15 and not sweep.stopped_early
     assert_same_state(before, state_of(trainer))
     assert int(trainer.optimizer.iterations) == 7 and int(trainer.global_step) == 7
-    assert trainer.timing is timing and trainer.engines.loops == loops
-    assert trainer.engines.loops["train"].traces == traces  # the engine was not traced for the sweep
+    assert trainer.timing is timing and trainer.engines.runners == loops
+    assert trainer.engines.runners["train"].traces == traces  # the engine was not traced for the sweep
     assert dependencies(trainer.optimizer) == names
 
 

@@ -102,7 +102,7 @@ def test_writer_and_condition_serve_every_fit_of_a_trainer(tmp_path):
     trainer.fit(data(), epochs=1, verbose=0)
     trainer.fit(data(), epochs=2, verbose=0)  # resumes from the first fit's checkpoint at step 5
     assert steps_of(read_run(tmp_path / "train")["step_loss_inside"]) == [5, 10]
-    assert trainer.engines.loop("train").trace_counter.count == 1
+    assert trainer.engines.runner("train").trace_counter.count == 1
 
 
 # ------------------------------------------------------------ the global step

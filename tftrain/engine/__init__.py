@@ -1,7 +1,7 @@
 """Engines: one training step under eager, `tf.function`, XLA, or k steps per host call.
 
-- `step_loop`: `make_loop` (the one place that decides how a step runs) and
-  `StepLoop`, whose `dispatch` starts a host call.
+- `step_runner`: `make_runner` (the one place that decides how a step runs) and
+  `StepRunner`, whose `dispatch` starts a host call.
 - `calls`: what a host call returns (`LoopResult`), read once from its
   `PendingCall`.
 - `graph_loops`: the in-graph k-step loop and the single-step call, written

@@ -1,6 +1,6 @@
 """What one host call returns: its `LoopResult`, read once from a `PendingCall`.
 
-A call is dispatched without waiting for the device (`StepLoop.dispatch`);
+A call is dispatched without waiting for the device (`StepRunner.dispatch`);
 its `PendingCall` reads the results once, when asked, so the loop can read
 call n after it has dispatched call n+1.
 """
@@ -16,7 +16,7 @@ __all__ = ["LoopResult", "PendingCall", "block_until_ready"]
 
 
 class LoopResult(NamedTuple):
-    """What one call of a `StepLoop` did.
+    """What one call of a `StepRunner` did.
 
     Attributes:
         steps: Steps that ran (fewer than asked if the data ended or a loss
@@ -29,7 +29,7 @@ class LoopResult(NamedTuple):
         nonfinite: Whether the last step's loss (a `loss` or `*_loss` log) was
             NaN or infinite; the loop stops right after such a step. Only set
             when the loop was built with `stop_on_nonfinite=True`; for a loop
-            that runs past such steps (`StepLoop.past_nonfinite`), whether
+            that runs past such steps (`StepRunner.past_nonfinite`), whether
             any step of the call had one.
     """
 

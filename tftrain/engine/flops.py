@@ -76,7 +76,7 @@ def step_flops(
     (every argument's first dimension is taken as the batch).
 
     Args:
-        trace_counter: The step's counter (`StepLoop.trace_counter`).
+        trace_counter: The step's counter (`StepRunner.trace_counter`).
         per_replica_batch: Examples per replica of a full step, or None if unknown.
         workers: Workers running the same step (the graph holds one worker's
             replicas; the count is of all of them).

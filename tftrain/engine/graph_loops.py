@@ -27,7 +27,7 @@ kept: the call flags whether any of its steps had a non-finite loss.
 
 The loop also takes `halted`: the non-finite flag of a previous call whose
 result the host has not read yet. A call dispatched after a non-finite one
-runs no step, so reading results one call late (`StepLoop.dispatch`) trains
+runs no step, so reading results one call late (`StepRunner.dispatch`) trains
 exactly the steps a synchronous loop would.
 """
 
@@ -249,7 +249,7 @@ def make_single_step(
     the k-step loop's `counted` path does. The example count and the
     non-finite test come back packed in `counts` (as the k-step loop's), so
     the host reads a call's result with one transfer. The caller calls its
-    concrete function directly (see `StepLoop`), skipping `tf.function`'s
+    concrete function directly (see `StepRunner`), skipping `tf.function`'s
     per-call argument matching.
 
     Without `jit_compile` the function is `(iterator, peeked=None)`: it reads

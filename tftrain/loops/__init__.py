@@ -1,7 +1,7 @@
 """Loops: the fit loop, the epoch loop and the evaluation loop, over the engines and services.
 
 A `fit` call goes `tftrain.trainer` -> `fit_loop` -> `epoch_loop` ->
-`tftrain.engine.step_loop`.
+`tftrain.engine.step_runner`.
 
 - `preparation`: a call's arguments checked and its inputs adapted into
   plans (`FitCall`), before any step.
@@ -10,10 +10,14 @@ A `fit` call goes `tftrain.trainer` -> `fit_loop` -> `epoch_loop` ->
 - `step_plan`: `StepPlan`, the steps of each host call of a pass and the
   indices its batch hooks get.
 - `inference`: the evaluation loop (`evaluate`, `predict`, `fit`'s validation).
-- `run_setup`: starting a run: the restore sequence, then the services in order.
+- `run_setup`: starting a run: the writer lock, the restore, the services in order.
+- `restore`: `restore_run`, the restore sequence, one named step after the other.
 - `training_run`: `TrainingRun`, the run's progress and its services
   (the services' `RunState`).
-- `engines`: a Trainer's engines, one per kind of step, built once.
+- `trainer_engines`: `Engines`, a Trainer's step runners, one per kind of step,
+  built once and cached.
+- `dry_run`, `lr_sweep`, `state_copy`: `Trainer.check`, `find_learning_rate`
+  and the training state they put back.
 - `owner`: `StepOwner`, what the loops need of the Trainer (they never import it).
 - `hooks`: Keras callback plumbing (batch hooks).
 

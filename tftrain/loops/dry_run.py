@@ -10,7 +10,7 @@ evaluation step, a checkpoint saved and restored in a temporary directory
 asked, an export to a temporary directory. Each stage runs on the engine the
 `fit` would use (eager, `tf.function`, XLA, k steps per call, the strategy,
 the mixed-precision policy), through step loops made for the check alone
-(`Engines.new_loop`): the Trainer's own engines, their traces and
+(`Engines.new_runner`): the Trainer's own engines, their traces and
 `steps_per_loop="auto"`'s measurements are not touched.
 
 Then everything is put back, also after an error or a KeyboardInterrupt:
@@ -43,7 +43,7 @@ import tensorflow as tf
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.arguments import check_verbose
 from tftrain.engine.calls import LoopResult
-from tftrain.engine.step_loop import StepLoop
+from tftrain.engine.step_runner import StepRunner
 from tftrain.errors import DryRunError, NonFiniteLossError
 from tftrain.fit_inputs import inputs
 from tftrain.fit_inputs.epoch_plan import EpochPlan
@@ -252,7 +252,7 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _host_call(loop: StepLoop, plan: EpochPlan, iterator: Iterator[Any], done: int, steps: int) -> LoopResult:
+def _host_call(runner: StepRunner, plan: EpochPlan, iterator: Iterator[Any], done: int, steps: int) -> LoopResult:
     """One host call of up to `steps` steps, as the epoch loop makes it, read (its device work done).
 
     Batches known to be there are read directly; where the data may end
@@ -265,10 +265,10 @@ def _host_call(loop: StepLoop, plan: EpochPlan, iterator: Iterator[Any], done: i
             return LoopResult(0, 0, None)
     first = None
     if plan.may_end_unannounced:
-        first = loop.peek(iterator)
+        first = runner.peek(iterator)
         if not first.has_value():
             return LoopResult(0, 0, None)
-    return loop.dispatch(iterator, steps, first, available=not plan.may_end_unannounced).result()
+    return runner.dispatch(iterator, steps, first, available=not plan.may_end_unannounced).result()
 
 
 @dataclasses.dataclass
@@ -323,10 +323,10 @@ class _DryRun:
 
     def train(self) -> DryRunStage:
         plan, steps = self.call.plan, self.engines.options.fixed_steps
-        loop = self.engines.new_loop("train")
+        runner = self.engines.new_runner("train")
         self.owner.reset_metrics()  # as each epoch starts
         self.train_iterator = plan.begin_epoch()
-        calls = self._two_calls(loop, plan, self.train_iterator, steps, "x")
+        calls = self._two_calls(runner, plan, self.train_iterator, steps, "x")
         for result in (calls.first, calls.second):
             if result.nonfinite:
                 raise NonFiniteLossError(
@@ -342,10 +342,10 @@ class _DryRun:
                 "validate", False, detail="no validation data (`validation_data`, `validation_split`)"
             )
         plan = self.call.validation.plan  # adapted here where `fit` adapts it at its first validation
-        loop = self.engines.new_loop("eval")
+        runner = self.engines.new_runner("eval")
         self.owner.reset_metrics()  # as an evaluation starts
         with self.owner.averaged_weights():
-            calls = self._two_calls(loop, plan, plan.begin_epoch(), 1, "validation_data")
+            calls = self._two_calls(runner, plan, plan.begin_epoch(), 1, "validation_data")
         return calls.stage("validate", "1 batch per call of the evaluation step")
 
     def checkpoint(self) -> DryRunStage:
@@ -395,9 +395,9 @@ class _DryRun:
             adapted = dataclasses.replace(adapted, dataset=adapted.dataset.map(_inputs_only))
         plan = preparation.plan_of(self.owner, adapted)
         self.plans.append(plan)
-        loop = self.engines.new_loop("predict")
+        runner = self.engines.new_runner("predict")
         with self.owner.averaged_weights():
-            calls = self._two_calls(loop, plan, plan.begin_epoch(), 1, argument)
+            calls = self._two_calls(runner, plan, plan.begin_epoch(), 1, argument)
         return calls.stage("predict", f"1 batch per call of the prediction step, on `{argument}`")
 
     def export(self) -> DryRunStage:
@@ -414,16 +414,16 @@ class _DryRun:
     # --------------------------------------------------------------- helpers
 
     def _two_calls(
-        self, loop: StepLoop, plan: EpochPlan, iterator: Iterator[Any], steps: int, argument: str
+        self, runner: StepRunner, plan: EpochPlan, iterator: Iterator[Any], steps: int, argument: str
     ) -> _Calls:
         """Two host calls of `steps` steps; the first traces the step (its new variables copied first)."""
         start = time.perf_counter()
-        if hasattr(loop.step, "get_concrete_function"):
-            loop.step.get_concrete_function(iterator.element_spec)
+        if hasattr(runner.step, "get_concrete_function"):
+            runner.step.get_concrete_function(iterator.element_spec)
         trace_s = time.perf_counter() - start
         self.copy.take()  # variables the trace made, at their initial values
         start = time.perf_counter()
-        first = _host_call(loop, plan, iterator, 0, steps)
+        first = _host_call(runner, plan, iterator, 0, steps)
         first_s = trace_s + time.perf_counter() - start
         if first.steps == 0:
             raise ValueError(
@@ -431,7 +431,7 @@ class _DryRun:
                 "one batch; check filters or `take`."
             )
         start = time.perf_counter()
-        second = _host_call(loop, plan, iterator, first.steps, steps)
+        second = _host_call(runner, plan, iterator, first.steps, steps)
         return _Calls(first, first_s, second, time.perf_counter() - start)
 
     def _prediction_input(self) -> tuple[Any, str, int | None]:

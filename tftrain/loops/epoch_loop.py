@@ -1,6 +1,6 @@
 """The epoch loop: one pass (an epoch, an evaluation or a prediction) of host calls over the engine.
 
-`run_pass` asks the engine (`tftrain.engine.step_loop.StepLoop`) for host calls
+`run_pass` asks the engine (`tftrain.engine.step_runner.StepRunner`) for host calls
 of k steps, sized by a `tftrain.loops.step_plan.StepPlan` (ending each where
 the data ends or where a service acts: `TrainingRun.steps_allowed`), calls the
 batch hooks around each call, and files it with the run, which runs the
@@ -17,7 +17,7 @@ from typing import Any
 from tftrain import timing
 from tftrain.engine import calls
 from tftrain.engine.auto_steps import StepsPerCall
-from tftrain.engine.step_loop import StepLoop
+from tftrain.engine.step_runner import StepRunner
 from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import hooks
 from tftrain.loops.step_plan import StepPlan
@@ -28,7 +28,7 @@ __all__ = ["run_pass"]
 
 def run_pass(
     plan: EpochPlan,
-    step_loop: StepLoop,
+    step_runner: StepRunner,
     on_batch_begin: Callable[..., Any],
     on_batch_end: Callable[..., Any],
     *,
@@ -58,7 +58,7 @@ def run_pass(
         steps_per_loop if isinstance(steps_per_loop, StepsPerCall) else StepsPerCall(steps_per_loop)
     )
     steps = StepPlan(plan, steps_per_call, run=run)
-    host_calls = _HostCalls(step_loop, run, timer, may_defer=hooks.is_no_hook(on_batch_end))
+    host_calls = _HostCalls(step_runner, run, timer, may_defer=hooks.is_no_hook(on_batch_end))
     logs = None
     if run is not None:
         run.epoch_steps = steps.target
@@ -72,7 +72,7 @@ def run_pass(
             if num_steps is None:  # the data ended before the epoch: no call, no hook
                 break
             host_calls.begin(on_batch_begin, steps.step)
-            found, first = _first_batch(plan, step_loop, iterator)
+            found, first = _first_batch(plan, step_runner, iterator)
             if not found:
                 steps.found_no_batch()
                 break
@@ -97,7 +97,7 @@ def run_pass(
     return logs
 
 
-def _first_batch(plan: EpochPlan, step_loop: StepLoop, iterator: Iterator[Any]) -> tuple[bool, Any]:
+def _first_batch(plan: EpochPlan, step_runner: StepRunner, iterator: Iterator[Any]) -> tuple[bool, Any]:
     """Whether the call has a batch, and its first batch where the loop had to look (else None).
 
     As under `fit`, the begin hook of a call that finds no batch has no end
@@ -107,7 +107,7 @@ def _first_batch(plan: EpochPlan, step_loop: StepLoop, iterator: Iterator[Any]) 
     """
     if not plan.may_end_unannounced:
         return True, None
-    first = step_loop.peek(iterator)
+    first = step_runner.peek(iterator)
     return first.has_value(), first
 
 
@@ -120,20 +120,20 @@ class _HostCalls:
     then `TrainingRun.settle` after the next call is dispatched).
 
     Args:
-        step_loop: The engine.
+        step_runner: The engine.
         run: The training run, or None.
         timer: Times the training calls, or None.
         may_defer: Whether nothing reads a call's logs at once (no batch end hook).
     """
 
     def __init__(
-        self, step_loop: StepLoop, run: TrainingRun | None, timer: timing.StepTimer | None, *, may_defer: bool
+        self, step_runner: StepRunner, run: TrainingRun | None, timer: timing.StepTimer | None, *, may_defer: bool
     ):
-        self._step_loop = step_loop
+        self._step_runner = step_runner
         self._run = run
         self._timer = timer
         # Results are read one call late where nothing on the host needs them at once (module doc).
-        self._may_defer = run is not None and not run.reads_every_call and step_loop.pipelines and may_defer
+        self._may_defer = run is not None and not run.reads_every_call and step_runner.pipelines and may_defer
         self._unread: calls.PendingCall | None = None
 
     def begin(self, on_batch_begin: Callable[..., Any], index: int) -> None:
@@ -150,14 +150,14 @@ class _HostCalls:
     def dispatch(
         self, iterator: Iterator[Any], num_steps: int, first: Any, *, available: bool
     ) -> tuple[calls.PendingCall, bool]:
-        """Dispatches a call (`StepLoop.dispatch`), then reads the previous call if it was left unread.
+        """Dispatches a call (`StepRunner.dispatch`), then reads the previous call if it was left unread.
 
         Returns:
             The call, and whether it traced.
         """
-        traces_before = self._step_loop.traces
-        call = self._step_loop.dispatch(iterator, num_steps, first, available=available, after=self._unread)
-        traced = self._step_loop.traces != traces_before
+        traces_before = self._step_runner.traces
+        call = self._step_runner.dispatch(iterator, num_steps, first, available=available, after=self._unread)
+        traced = self._step_runner.traces != traces_before
         if self._unread is not None:
             self._run.settle(traced)  # the previous call's results, read while this one runs
             self._unread = None

@@ -24,7 +24,7 @@ from tftrain.arguments import check_verbose
 from tftrain.checkpoint import run_record
 from tftrain.compat import keras_internals
 from tftrain.engine import flops
-from tftrain.engine.step_loop import StepLoop
+from tftrain.engine.step_runner import StepRunner
 from tftrain.fit_inputs import fit_checks
 from tftrain.loops import epoch_loop, hooks, inference, run_setup
 from tftrain.loops.owner import StepOwner
@@ -52,7 +52,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         model=model,
     )
     # After the callbacks' `set_model`, as `fit` makes its train function: a reset there rebuilds the step.
-    train_loop = engines.loop("train", stop_on_nonfinite=not callbacks_decide_nan)
+    train_runner = engines.runner("train", stop_on_nonfinite=not callbacks_decide_nan)
     timer = timing.StepTimer()
     measured = timer if owner.measure_timing else None
     step_history: dict[str, list[Any]] = {}
@@ -63,7 +63,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
 
     parts = run_setup.RunParts(
         timer=measured,
-        trace_counter=train_loop.trace_counter,
+        trace_counter=train_runner.trace_counter,
         services=_call_services(call, validate, step_history) + tuple(owner.services),
         callbacks_decide_nan=callbacks_decide_nan,
         record=_run_record(owner, call) if owner.run_options.model_dir is not None else None,
@@ -82,7 +82,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         if not run.resumed:  # where to start, as fit reads it after on_train_begin (BackupAndRestore)
             run.progress.epoch = keras_internals.initial_epoch(model) or call.initial_epoch
         for epoch in range(run.progress.epoch, epochs):
-            training_logs = _train_epoch(owner, call, run, callback_list, epoch, measured, train_loop)
+            training_logs = _train_epoch(owner, call, run, callback_list, epoch, measured, train_runner)
             if model.stop_training or run.finished:
                 break
         engine_name = engines.train_engine_name(callback_list)  # after "auto" chose
@@ -103,7 +103,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         batch = flops.per_replica_batch_size(call.plan.data.adapter, measured, engines.strategy)
         report = flops.report_with_flops(
             report,
-            train_loop.trace_counter,
+            train_runner.trace_counter,
             model=model,
             strategy=engines.strategy,
             per_replica_batch=batch,
@@ -121,15 +121,15 @@ def _train_epoch(
     callback_list: keras.callbacks.CallbackList,
     epoch: int,
     timer: timing.StepTimer | None,
-    train_loop: StepLoop,
+    train_runner: StepRunner,
 ) -> dict[str, Any]:
-    """Trains one epoch (its hooks, the epoch loop, validation) with `train_loop`; returns the epoch's logs."""
+    """Trains one epoch (its hooks, the epoch loop, validation) with `train_runner`; returns the epoch's logs."""
     if run.progress.step_in_epoch == 0:  # else: resumed mid-epoch, metrics restored
         owner.reset_metrics()
     callback_list.on_epoch_begin(epoch)
     logs = epoch_loop.run_pass(
         call.plan,
-        train_loop,
+        train_runner,
         *hooks.batch_hooks(callback_list, "train"),
         steps_per_loop=owner.engines.steps_per_call("train", callback_list),
         timer=timer,

@@ -35,6 +35,7 @@ def evaluate(
     owner: StepOwner,
     x: Any,
     y: Any,
+    *,
     batch_size: int | None,
     verbose: int | str,
     sample_weight: Any,
@@ -43,7 +44,7 @@ def evaluate(
     return_dict: bool,
     kwargs: dict[str, Any],
 ) -> dict[str, float] | list[float] | float:
-    """`Trainer.evaluate` (its arguments in its order): checks, adapts the inputs, runs one evaluation pass.
+    """`Trainer.evaluate` (its arguments, by keyword): checks, adapts the inputs, runs one evaluation pass.
 
     Returns what `keras.Model.evaluate` returns: the logs with `return_dict`,
     else their values in Keras's metrics order (a scalar for one value).
@@ -76,9 +77,9 @@ def _check_evaluate_kwargs(kwargs: dict[str, Any]) -> None:
 
 
 def predict(
-    owner: StepOwner, x: Any, batch_size: int | None, verbose: int | str, steps: int | None, callbacks: Any
+    owner: StepOwner, x: Any, *, batch_size: int | None, verbose: int | str, steps: int | None, callbacks: Any
 ) -> Any:
-    """`Trainer.predict` (its arguments in its order): adapts the inputs, runs one prediction pass."""
+    """`Trainer.predict` (its arguments, by keyword): adapts the inputs, runs one prediction pass."""
     check_verbose(verbose)
     data = inputs.adapt(x, batch_size=batch_size, steps=steps, steps_argument="steps")
     plan = preparation.plan_of(owner, data)
@@ -116,7 +117,7 @@ def run_evaluation(
     with owner.averaged_weights():
         logs = epoch_loop.run_pass(
             plan,
-            owner.engines.loop("eval"),
+            owner.engines.runner("eval"),
             *hooks.batch_hooks(callback_list, "test"),
             steps_per_loop=owner.engines.steps_per_call("eval", callback_list),
             should_stop=lambda: getattr(owner.model, "stop_evaluating", False),
@@ -157,7 +158,7 @@ def run_prediction(owner: StepOwner, plan: EpochPlan, callback_list: keras.callb
     with owner.averaged_weights():
         epoch_loop.run_pass(
             plan,
-            owner.engines.loop("predict"),
+            owner.engines.runner("predict"),
             begin_hook,
             on_batch_end,
             steps_per_loop=owner.engines.steps_per_call("predict", callback_list),

@@ -7,8 +7,8 @@ step is recorded with its bias-corrected moving average, and the suggestion is
 the learning rate where that smoothed loss falls fastest against log lr.
 
 The steps run on the Trainer's own engine settings (eager, `tf.function`, XLA,
-its strategy) through a step loop made for the sweep alone
-(`tftrain.engine.step_loop.make_loop`), so the Trainer's engines, their trace
+its strategy) through a step runner made for the sweep alone
+(`tftrain.engine.step_runner.make_runner`), so the Trainer's engines, their trace
 counts and `trainer.timing` are not touched. The training state (model,
 optimizer, metrics, the Trainer's own checkpointed state, the global step) is
 copied first and put back, bit for bit, when the sweep ends, also on an error
@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tftrain.arguments import check_lr_sweep
 from tftrain.compat import keras_internals
-from tftrain.engine import step_loop
+from tftrain.engine import step_runner
 from tftrain.fit_inputs import inputs
 from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import preparation
@@ -232,11 +232,11 @@ def find_learning_rate(
         rate.install()
         options = dataclasses.replace(engines.options, steps_per_loop=1)
         step, autograph = engines.step_of("train")
-        loop = step_loop.make_loop(step, options, engines.strategy, "train_step", autograph=autograph)
-        batches = _Batches(plan, loop)
-        if hasattr(loop.step, "get_concrete_function"):
+        runner = step_runner.make_runner(step, options, engines.strategy, "train_step", autograph=autograph)
+        batches = _Batches(plan, runner)
+        if hasattr(runner.step, "get_concrete_function"):
             # Traced first: variables a step creates on its first trace are copied with their initial values.
-            loop.step.get_concrete_function(batches.iterator.element_spec)
+            runner.step.get_concrete_function(batches.iterator.element_spec)
         copy.take()
         rates = learning_rates(min_lr, max_lr, steps)
         return _sweep(owner, batches, rate, rates, smoothing, stop_factor, monitor)
@@ -250,18 +250,18 @@ def find_learning_rate(
 class _Batches:
     """One training step at a time over the data, starting a new pass where a pass ends."""
 
-    def __init__(self, plan: EpochPlan, loop: step_loop.StepLoop):
-        self.plan, self.loop = plan, loop
+    def __init__(self, plan: EpochPlan, runner: step_runner.StepRunner):
+        self.plan, self.runner = plan, runner
         self.iterator = plan.begin_epoch()
         self._in_pass = 0
 
     def step(self) -> Any:
         """Runs one step; returns its logs, or None where the data ended and cannot be read again."""
-        result = self.loop(self.iterator, 1)
+        result = self.runner(self.iterator, 1)
         if result.steps == 0 and self._in_pass > 0 and not self.plan.single_pass:
             self.plan.reset()
             self.iterator, self._in_pass = self.plan.begin_epoch(), 0
-            result = self.loop(self.iterator, 1)
+            result = self.runner(self.iterator, 1)
         if result.steps == 0 and self._in_pass == 0:
             raise ValueError(
                 f"Invalid value for argument `{self.plan.argument}`: the data yielded no batches. Expected "

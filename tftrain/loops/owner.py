@@ -15,7 +15,7 @@ import tensorflow as tf
 from tftrain.options import RunOptions
 
 if TYPE_CHECKING:
-    from tftrain.loops.engines import Engines
+    from tftrain.loops.trainer_engines import Engines
     from tftrain.services.loss_recovery import RecoveryPolicy
     from tftrain.services.protocol import Service
 

@@ -68,11 +68,11 @@ def test_without_a_new_compile_every_engine_is_kept():
     x, y = data()
     trainer.fit(x, y, batch_size=16, epochs=1, validation_split=0.25, verbose=0)
     trainer.predict(x, batch_size=16, verbose=0)
-    built = {kind: trainer.engines.loop(kind) for kind in ("train", "eval", "predict")}
+    built = {kind: trainer.engines.runner(kind) for kind in ("train", "eval", "predict")}
     trainer.fit(x, y, batch_size=16, epochs=1, validation_split=0.25, verbose=0)
     trainer.evaluate(x, y, batch_size=16, verbose=0)
     trainer.predict(x, batch_size=16, verbose=0)
-    assert all(trainer.engines.loop(kind) is loop for kind, loop in built.items())
+    assert all(trainer.engines.runner(kind) is loop for kind, loop in built.items())
     assert built["train"].trace_counter.count == 1
 
 
@@ -140,10 +140,10 @@ def test_model_fit_after_the_trainer_builds_its_own_functions():
     trainer.fit(x, y, batch_size=16, verbose=0)
     trainer.evaluate(x, y, batch_size=16, verbose=0)
     trainer.predict(x, batch_size=16, verbose=0)
-    built = trainer.engines.loops["train"]
+    built = trainer.engines.runners["train"]
     history = model.fit(x, y, batch_size=16, verbose=0)  # Keras's own functions, built on first use
     assert len(history.history["loss"]) == 1
     assert np.isfinite(model.evaluate(x, y, batch_size=16, verbose=0))
     assert model.predict(x, batch_size=16, verbose=0).shape == (64, 3)
     trainer.fit(x, y, batch_size=16, verbose=0)  # Keras's function in the attribute: built again
-    assert trainer.engines.loops["train"] is not built
+    assert trainer.engines.runners["train"] is not built

@@ -1,4 +1,4 @@
-"""Tests for `tftrain.engine.step_loop`: engine options and the step loops of every engine."""
+"""Tests for `tftrain.engine.step_runner`: engine options and the step loops of every engine."""
 
 import dataclasses
 import gc
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tftrain import options
-from tftrain.engine import step_loop
+from tftrain.engine import step_runner
 
 # Engines as `EngineOptions` keyword arguments.
 LOOP_ENGINES = {
@@ -121,11 +121,11 @@ def test_the_engine_that_ran_is_named_with_the_k_auto_chose(kwargs, steps_per_ca
     assert options.EngineOptions(**kwargs).ran_name(steps_per_call) == name
 
 
-# ---------------------------------------------------------------------- make_loop
+# ---------------------------------------------------------------------- make_runner
 
 
 def test_loop_kind_per_engine(loop_options):
-    loop = step_loop.make_loop(Counter(), loop_options)
+    loop = step_runner.make_runner(Counter(), loop_options)
     assert loop.in_graph == (loop_options.use_tf_function and loop_options.steps_per_loop > 1)
     assert isinstance(loop.step, tf.types.experimental.PolymorphicFunction) == loop_options.use_tf_function
 
@@ -133,7 +133,7 @@ def test_loop_kind_per_engine(loop_options):
 def test_partial_final_loop_and_partial_last_batch(loop_options):
     """7 batches, 3 steps per call: the calls run 3, 3, 1, then 0 steps."""
     counter = Counter()
-    loop = step_loop.make_loop(counter, loop_options)
+    loop = step_runner.make_runner(counter, loop_options)
     iterator = iter(make_dataset())
     assert loop(iterator, 0)[:3] == (0, 0, None)  # zero steps pull nothing
     expected = [(3, 9, 0), (3, 9, 3), (1, 2, 6)]  # (steps, examples, index of the first batch)
@@ -159,7 +159,7 @@ def test_partial_final_loop_and_partial_last_batch(loop_options):
 def test_loop_does_not_pull_a_batch_it_does_not_train_on(loop_options):
     """After a call of 2 steps the next call starts at the third batch."""
     counter = Counter()
-    loop = step_loop.make_loop(counter, loop_options)
+    loop = step_runner.make_runner(counter, loop_options)
     iterator = iter(make_dataset())
     ran, examples, logs, _ = loop(iterator, 2)
     assert (ran, examples, float(logs["first"])) == (2, 6, BATCHES[1][0])
@@ -173,7 +173,7 @@ def test_loop_does_not_pull_a_batch_it_does_not_train_on(loop_options):
 
 
 def test_in_graph_loop_traces_once_for_any_num_steps():
-    loop = step_loop.make_loop(Counter(), options.EngineOptions(steps_per_loop=3))
+    loop = step_runner.make_runner(Counter(), options.EngineOptions(steps_per_loop=3))
     for _ in range(3):  # three passes over the data, calls of 3, 3, 1 and 0 steps
         iterator = iter(make_dataset())
         assert [loop(iterator, 3)[0] for _ in range(4)] == [3, 3, 1, 0]
@@ -186,7 +186,7 @@ def test_in_graph_loop_traces_once_for_any_num_steps():
 
 def test_graph_step_traces_at_most_twice_with_a_partial_batch():
     """One trace for the full batches, one relaxed retrace for the partial one."""
-    loop = step_loop.make_loop(Counter(), options.EngineOptions())
+    loop = step_runner.make_runner(Counter(), options.EngineOptions())
     for _ in range(3):
         loop(iter(make_dataset()), 100)
     assert 1 <= loop.trace_counter.count <= 2
@@ -194,7 +194,7 @@ def test_graph_step_traces_at_most_twice_with_a_partial_batch():
 
 @pytest.mark.parametrize("steps_per_loop", [1, 3])
 def test_eager_engine_never_traces(steps_per_loop):
-    loop = step_loop.make_loop(
+    loop = step_runner.make_runner(
         Counter(), options.EngineOptions(use_tf_function=False, steps_per_loop=steps_per_loop)
     )
     assert loop(iter(make_dataset()), 100)[0] == len(BATCHES)
@@ -202,7 +202,7 @@ def test_eager_engine_never_traces(steps_per_loop):
 
 
 def test_trace_counter_is_named_after_the_step():
-    loop = step_loop.make_loop(Counter(), options.EngineOptions(), name="eval_step")
+    loop = step_runner.make_runner(Counter(), options.EngineOptions(), name="eval_step")
     assert loop.trace_counter.name == "eval_step"
 
 
@@ -218,7 +218,7 @@ def test_structured_batches_count_examples_of_the_first_tensor(loop_options):
         total.assign_add(tf.reduce_sum(labels))
         return {"rows": tf.shape(features["x"])[0]}
 
-    loop = step_loop.make_loop(step, loop_options)
+    loop = step_runner.make_runner(step, loop_options)
     assert loop(iter(dataset), 10)[:2] == (3, 5)
     assert int(total.numpy()) == 10
 
@@ -227,7 +227,7 @@ def test_explicit_strategy_runs_the_step():
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         counter = Counter()
-    loop = step_loop.make_loop(counter, options.EngineOptions(steps_per_loop=2), strategy)
+    loop = step_runner.make_runner(counter, options.EngineOptions(steps_per_loop=2), strategy)
     dataset = strategy.experimental_distribute_dataset(make_dataset())
     ran, _, logs, _ = loop(iter(dataset), 100)
     assert ran == len(BATCHES)
@@ -241,7 +241,7 @@ def test_explicit_strategy_runs_the_step():
 def test_one_step_calls_run_the_single_step_traced_once(engine):
     """`dispatch(..., available=True)` at one step per call: the single step (XLA: on a batch read in Python)."""
     counter = Counter()
-    loop = step_loop.make_loop(counter, options.EngineOptions(**LOOP_ENGINES[engine]))
+    loop = step_runner.make_runner(counter, options.EngineOptions(**LOOP_ENGINES[engine]))
     iterator = iter(make_dataset())
     seen = 0.0
     for index, batch in enumerate(BATCHES):
@@ -261,7 +261,7 @@ def test_one_step_calls_run_the_single_step_traced_once(engine):
 @pytest.mark.parametrize("engine", ["graph", "xla"])
 def test_one_step_call_trains_on_the_peeked_batch_and_fetches_no_other(engine):
     counter = Counter()
-    loop = step_loop.make_loop(counter, options.EngineOptions(**LOOP_ENGINES[engine]))
+    loop = step_runner.make_runner(counter, options.EngineOptions(**LOOP_ENGINES[engine]))
     iterator = iter(make_dataset())
     first = loop.peek(iterator)
     ran, examples, logs, _ = loop.dispatch(iterator, 1, first).result()
@@ -275,19 +275,19 @@ def test_one_step_call_flags_a_non_finite_loss_in_the_graph(engine):
     def step(batch):
         return {"loss": tf.math.log(tf.reduce_min(batch)), "other": tf.constant(float("nan"))}
 
-    loop = step_loop.make_loop(step, options.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True)
+    loop = step_runner.make_runner(step, options.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True)
     iterator = iter(make_dataset())  # the first batch holds 0: log(0) = -inf
     assert loop.dispatch(iterator, 1, available=True).result().nonfinite
     assert not loop.dispatch(iterator, 1, available=True).result().nonfinite  # "other" is not a loss
-    unguarded = step_loop.make_loop(step, options.EngineOptions())
+    unguarded = step_runner.make_runner(step, options.EngineOptions())
     assert not unguarded.dispatch(iter(make_dataset()), 1, available=True).result().nonfinite
 
 
 def test_one_step_calls_keep_the_host_loop_where_the_graph_cannot_read_the_batch():
     """Eager steps, unannounced data, unbatched scalars and distributed iterators fetch in Python."""
-    eager = step_loop.make_loop(Counter(), options.EngineOptions(use_tf_function=False))
+    eager = step_runner.make_runner(Counter(), options.EngineOptions(use_tf_function=False))
     assert eager._single_step is None
-    graph = step_loop.make_loop(Counter(), options.EngineOptions())
+    graph = step_runner.make_runner(Counter(), options.EngineOptions())
     assert graph.dispatch(iter(make_dataset()), 1).result()[:2] == (1, BATCH)  # not `available`
     assert not graph._single_step_suits(iter(tf.data.Dataset.range(3)))  # scalars: no rows to count
     assert graph._single_step_suits(iter(make_dataset()))
@@ -299,7 +299,7 @@ def test_one_step_calls_keep_the_host_loop_where_the_graph_cannot_read_the_batch
 @pytest.mark.parametrize("engine", ["graph", "xla", "graph_loop3"])
 def test_a_loop_does_not_keep_a_finished_iterator_alive(engine):
     """The concrete functions are kept per iterator, which they hold weakly (its buffers can go)."""
-    loop = step_loop.make_loop(Counter(), options.EngineOptions(**LOOP_ENGINES[engine]))
+    loop = step_runner.make_runner(Counter(), options.EngineOptions(**LOOP_ENGINES[engine]))
     iterator = iter(make_dataset())
     assert loop.dispatch(iterator, 1, available=True).result()[0] == 1
     assert loop._concrete_calls  # the call went through a cached concrete function
@@ -319,7 +319,7 @@ def doubled(batch):
 @pytest.mark.parametrize("available", [True, False], ids=["counted", "optional"])
 def test_collecting_loop_joins_every_step_and_reads_no_batch_beyond_its_steps(available):
     """Calls of 3 over 7 batches (the last partial): outputs joined along the example axis, nothing skipped."""
-    loop = step_loop.make_loop(doubled, options.EngineOptions(steps_per_loop=3), collect=True)
+    loop = step_runner.make_runner(doubled, options.EngineOptions(steps_per_loop=3), collect=True)
     iterator = iter(make_dataset())
     chunks = []
     for steps, batches in ((3, 3), (3, 3), (1, 1)):  # the last call asks for what is left
@@ -333,7 +333,7 @@ def test_collecting_loop_joins_every_step_and_reads_no_batch_beyond_its_steps(av
 
 def test_collecting_loop_traces_one_counted_function_for_any_num_steps():
     """A counted pass (the host knows the batches are there) traces once, whatever k each call runs."""
-    loop = step_loop.make_loop(doubled, options.EngineOptions(steps_per_loop="auto"), collect=True)
+    loop = step_runner.make_runner(doubled, options.EngineOptions(steps_per_loop="auto"), collect=True)
     for _ in range(2):
         iterator = iter(make_dataset())
         for steps in (1, 1, 3, 2):
@@ -343,7 +343,7 @@ def test_collecting_loop_traces_one_counted_function_for_any_num_steps():
 
 
 def test_collecting_loop_with_a_peeked_batch_collects_it_first():
-    loop = step_loop.make_loop(doubled, options.EngineOptions(steps_per_loop=3), collect=True)
+    loop = step_runner.make_runner(doubled, options.EngineOptions(steps_per_loop=3), collect=True)
     iterator = iter(make_dataset())
     first = loop.peek(iterator)
     result = loop.dispatch(iterator, 2, first).result()
@@ -353,7 +353,7 @@ def test_collecting_loop_with_a_peeked_batch_collects_it_first():
 
 # ------------------------------------------------------------------ the call path, chosen once
 
-# (engine, `make_loop` keyword arguments, the path every call takes, steps per call)
+# (engine, `make_runner` keyword arguments, the path every call takes, steps per call)
 CALL_PATHS = {
     "graph+collect": ("graph_loop3", dict(collect=True), "_collecting_call", 3),
     "graph": ("graph_loop3", dict(), "_graph_call", 3),
@@ -373,7 +373,7 @@ def _chosen(loop):
 def test_the_call_path_is_chosen_once_when_the_loop_is_built(config, monkeypatch):
     engine, kwargs, path, steps_per_call = CALL_PATHS[config]
     collect = kwargs.get("collect", False)
-    loop = step_loop.make_loop(
+    loop = step_runner.make_runner(
         doubled if collect else Counter(), options.EngineOptions(**LOOP_ENGINES[engine]), **kwargs
     )
     assert _chosen(loop) == path
@@ -382,8 +382,8 @@ def test_the_call_path_is_chosen_once_when_the_loop_is_built(config, monkeypatch
         raise AssertionError("a call chose its path again")
 
     # Nothing is chosen per call: every dispatch goes through the path chosen at construction.
-    monkeypatch.setattr(step_loop.StepLoop, "_choose_call", chosen_again)
-    monkeypatch.setattr(step_loop.StepLoop, "_choose_host_call", chosen_again)
+    monkeypatch.setattr(step_runner.StepRunner, "_choose_call", chosen_again)
+    monkeypatch.setattr(step_runner.StepRunner, "_choose_host_call", chosen_again)
     taken = []
     call = loop._call
     loop._call = lambda *args: taken.append(args[1]) or call(*args)
@@ -414,7 +414,7 @@ def test_the_call_path_is_chosen_once_when_the_loop_is_built(config, monkeypatch
     [("graph_loop3", "_graph_call"), ("graph", "_single_or_host_call"), ("eager", "_flagging_host_call")],
 )
 def test_an_engine_past_nonfinite_losses_chooses_its_own_path(engine, path):
-    loop = step_loop.make_loop(
+    loop = step_runner.make_runner(
         Counter(), options.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True
     )
     assert _chosen(loop.past_nonfinite()) == path

@@ -1,7 +1,7 @@
 """A Trainer's engines: one per kind of step (train, eval, predict), built once, and how many steps each call runs.
 
 `Engines` is what the fit and evaluation loops run steps through: the
-`tftrain.engine.step_loop.StepLoop` of each kind (made by `make_loop` on
+`tftrain.engine.step_runner.StepRunner` of each kind (made by `make_runner` on
 first use and cached, as Keras caches its `train_function`), the input plan
 of a pass (plain or distributed iterators), the steps per host call
 (`steps_per_loop`, or the `"auto"` chooser that learns k once per kind), and
@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tftrain import distribute
 from tftrain.compat import keras_internals
-from tftrain.engine import step_loop
+from tftrain.engine import step_runner
 from tftrain.engine.auto_steps import StepsPerCall
 from tftrain.fit_inputs import inputs
 from tftrain.fit_inputs.epoch_plan import EpochPlan
@@ -38,7 +38,7 @@ class Engines:
     Args:
         step_of: Kind (`"train"`, `"eval"`, `"predict"`) -> the step function
             (`batch -> logs`, or predictions) and whether it is user code
-            that AutoGraph converts (`make_loop`'s `autograph`), asked when
+            that AutoGraph converts (`make_runner`'s `autograph`), asked when
             that kind's engine is first built (as Keras's
             `make_train_function` looks up `train_step`).
         options: How the steps run.
@@ -74,12 +74,12 @@ class Engines:
         self.global_step = global_step
         self.stop_on_nonfinite = stop_on_nonfinite
         self.loss_limit = loss_limit
-        self.loops: dict[str, step_loop.StepLoop] = {}
-        self._past_nonfinite: step_loop.StepLoop | None = None  # built for a fit with `TerminateOnNaN`
+        self.runners: dict[str, step_runner.StepRunner] = {}
+        self._past_nonfinite: step_runner.StepRunner | None = None  # built for a fit with `TerminateOnNaN`
         self.auto_steps: dict[str, StepsPerCall] = {}
         self._in_step_summaries: InStepSummaries | None = None
 
-    def loop(self, kind: str, *, stop_on_nonfinite: bool = True) -> step_loop.StepLoop:
+    def runner(self, kind: str, *, stop_on_nonfinite: bool = True) -> step_runner.StepRunner:
         """The engine of `kind`, built on first use, and again after the model's function of `kind` was reset.
 
         Asked for after a pass's callbacks are set (`set_model`), as Keras
@@ -87,30 +87,30 @@ class Engines:
 
         `stop_on_nonfinite=False` asks for a training engine whose calls run
         all their steps past a non-finite loss, flagging it
-        (`StepLoop.past_nonfinite`): a `fit` whose callbacks hold Keras's
+        (`StepRunner.past_nonfinite`): a `fit` whose callbacks hold Keras's
         `TerminateOnNaN` uses it. It is built on first use around the same
         traced step (a Trainer that never needs it never traces it); where
         training calls never stop (`terminate_on_nan=False`), it is the
         training engine itself.
         """
-        if kind in self.loops and self.model is not None and keras_internals.step_function_reset(self.model, kind):
-            del self.loops[kind]
+        if kind in self.runners and self.model is not None and keras_internals.step_function_reset(self.model, kind):
+            del self.runners[kind]
             if kind == "train":
                 self._past_nonfinite = None
-        if kind not in self.loops:
-            self.loops[kind] = self.new_loop(kind)
+        if kind not in self.runners:
+            self.runners[kind] = self.new_runner(kind)
             if self.model is not None:
                 keras_internals.hold_step_function(self.model, kind)
         if stop_on_nonfinite or kind != "train" or not self.stop_on_nonfinite:
-            return self.loops[kind]
+            return self.runners[kind]
         if self._past_nonfinite is None:
-            self._past_nonfinite = self.loops[kind].past_nonfinite()
+            self._past_nonfinite = self.runners[kind].past_nonfinite()
         return self._past_nonfinite
 
-    def new_loop(self, kind: str) -> step_loop.StepLoop:
-        """A new engine of `kind`, made as `loop` makes it but kept nowhere (a dry run's: the cached engines untouched)."""
+    def new_runner(self, kind: str) -> step_runner.StepRunner:
+        """A new engine of `kind`, made as `runner` makes it but kept nowhere (a dry run's: the cached engines untouched)."""
         step, autograph = self.step_of(kind)
-        return step_loop.make_loop(
+        return step_runner.make_runner(
             step,
             self.options,
             self.strategy,

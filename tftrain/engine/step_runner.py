@@ -1,9 +1,9 @@
 """Turn a step function into an engine: eager, `tf.function`, XLA, or a k-step loop.
 
 One place decides how a step runs (as Keras's `make_train_function` does):
-`make_loop(step_fn, options, strategy)` returns a `StepLoop` whose call runs
+`make_runner(step_fn, options, strategy)` returns a `StepRunner` whose call runs
 up to `num_steps` steps on an iterator and reports how many ran. The step is
-written once; only the wrapping differs between engines. `StepLoop.dispatch`
+written once; only the wrapping differs between engines. `StepRunner.dispatch`
 starts a call without waiting for the device; the returned `PendingCall`
 reads its results once, when asked, so a caller can read call n after it has
 dispatched call n+1 (the k-step loop itself is in `tftrain.engine.graph_loops`).
@@ -81,7 +81,7 @@ def _nonfinite_on_host(logs: Any, loss_limit: float | None = None) -> bool:
     return False
 
 
-class StepLoop:
+class StepRunner:
     """Runs up to `num_steps` steps on an iterator per call.
 
     With `compiled` (the step is a `tf.function`) and one step per call on a
@@ -112,6 +112,7 @@ class StepLoop:
         trace_counter: timing.TraceCounter,
         in_graph: bool,
         strategy: tf.distribute.Strategy,
+        *,
         stop_on_nonfinite: bool = False,
         collect: bool = False,
         compiled: bool = False,
@@ -185,7 +186,7 @@ class StepLoop:
     def _count_trace(self) -> None:
         self._loop_traces += 1
 
-    def past_nonfinite(self) -> StepLoop:
+    def past_nonfinite(self) -> StepRunner:
         """A training engine on the same compiled step whose calls run past a non-finite loss, flagging it.
 
         Each call runs all its steps (as `model.fit` does); its
@@ -194,7 +195,7 @@ class StepLoop:
         a NaN does (Keras's `TerminateOnNaN`). The step is not traced again;
         the loop around it traces on its first call.
         """
-        return StepLoop(
+        return StepRunner(
             self.step,
             self.trace_counter,
             self.in_graph,
@@ -460,7 +461,7 @@ def _host_loop(
         examples = None if examples is None or size is None else examples + size
         if flag:
             seen = tf.logical_or(seen, tf.logical_not(graph_loops.finite_in_graph(logs)))
-        # The last step's loss is tested with the call's result (`StepLoop._host_call`).
+        # The last step's loss is tested with the call's result (`StepRunner._host_call`).
         if stop_on_nonfinite and index + 1 < num_steps and _nonfinite_on_host(logs, loss_limit):
             return LoopResult(steps, examples, logs, True), seen
     return LoopResult(steps, examples, collected if collect else logs), seen
@@ -487,7 +488,7 @@ def _counted(step_fn: StepFn, step_counter: tf.Variable) -> StepFn:
     return step
 
 
-def make_loop(
+def make_runner(
     step_fn: StepFn,
     options: EngineOptions,
     strategy: tf.distribute.Strategy | None = None,
@@ -497,7 +498,7 @@ def make_loop(
     step_counter: tf.Variable | None = None,
     loss_limit: float | None = None,
     autograph: bool = False,
-) -> StepLoop:
+) -> StepRunner:
     """Builds the engine for one step function.
 
     Args:
@@ -524,7 +525,7 @@ def make_loop(
             its step and loop functions `do_not_convert`).
 
     Returns:
-        A `StepLoop`.
+        A `StepRunner`.
 
     Raises:
         ValueError: XLA was asked for under a strategy over several CPU devices.
@@ -547,13 +548,13 @@ def make_loop(
         step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
         if options.use_tf_function:
             step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile, autograph=False)
-        return StepLoop(
+        return StepRunner(
             step,
             counter,
             in_graph,
             strategy,
-            stop_on_nonfinite,
-            collect,
+            stop_on_nonfinite=stop_on_nonfinite,
+            collect=collect,
             compiled=options.use_tf_function,
             jit_compile=options.jit_compile,
             loss_limit=loss_limit,
@@ -584,4 +585,6 @@ def make_loop(
     step = counter.wrap(replicated_step if step_counter is None else _counted(replicated_step, step_counter))
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True, autograph=False)
-    return StepLoop(step, counter, in_graph, strategy, stop_on_nonfinite, collect, loss_limit=loss_limit)
+    return StepRunner(
+        step, counter, in_graph, strategy, stop_on_nonfinite=stop_on_nonfinite, collect=collect, loss_limit=loss_limit
+    )
