@@ -514,3 +514,13 @@ def test_timing_callback_names_the_engine_fit_ran(tiny_dataset, compile_kwargs, 
     callback = tftrain.callbacks.Timing()
     model.fit(tiny_dataset, epochs=1, verbose=0, callbacks=[callback])
     assert callback.report.engine == engine
+
+
+def test_the_timing_callback_is_still_found_under_its_former_name():
+    import tftrain.callbacks
+
+    with pytest.warns(DeprecationWarning, match="import it from tftrain.callbacks"):
+        from tftrain.timing import Timing
+    assert Timing is tftrain.callbacks.Timing
+    with pytest.raises(AttributeError, match="no attribute 'Missing'"):
+        timing.Missing  # noqa: B018

@@ -18,8 +18,10 @@ A leaf layer: imports nothing else from tftrain.
 
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,19 @@ __all__ = [
     "batch_size_of",
     "describe_arguments",
 ]
+
+def __getattr__(name: str) -> Any:
+    # `Timing`, the Keras callback, lives with the other callbacks, its documented home; this
+    # name still finds it. Imported when asked for, so this leaf imports nothing above it.
+    if name == "Timing":
+        warnings.warn(
+            "tftrain.timing.Timing is tftrain.callbacks.Timing: import it from tftrain.callbacks.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("tftrain.callbacks").Timing
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Step times kept in a checkpoint's timing state (the median of a resumed run
 # is taken over these).
