@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain import options
+from tftrain import options, timing
 from tftrain.engine import step_runner
 
 # Engines as `EngineOptions` keyword arguments.
@@ -419,3 +419,22 @@ def test_an_engine_past_nonfinite_losses_chooses_its_own_path(engine, path):
     )
     assert _chosen(loop.past_nonfinite()) == path
     assert loop.past_nonfinite().pipelines == loop.pipelines == (path == "_graph_call")
+
+
+@pytest.mark.parametrize("arguments", [{"nonfinite": "ignore"}, {"single_step": "xla"}, {"nonfinite": True}])
+def test_a_runner_refuses_an_unknown_nonfinite_rule_or_single_step(arguments):
+    counter = timing.TraceCounter("train_step")
+    with pytest.raises(ValueError, match="Invalid StepRunner arguments"):
+        step_runner.StepRunner(lambda batch: batch, counter, False, tf.distribute.get_strategy(), **arguments)
+
+
+def test_past_nonfinite_keeps_the_single_step_and_flags():
+    runner = step_runner.make_runner(
+        lambda batch: {"loss": tf.reduce_sum(batch)}, options.EngineOptions(steps_per_loop=1), stop_on_nonfinite=True
+    )
+    flagging = runner.past_nonfinite()
+    assert (runner.stop_on_nonfinite, runner.flag_nonfinite) == (True, False)
+    assert (flagging.stop_on_nonfinite, flagging.flag_nonfinite) == (False, True)
+    assert flagging._single_step_kind == runner._single_step_kind == "iterator"
+    result = flagging(iter(make_dataset()), 1)
+    assert result.steps == 1 and not result.nonfinite

@@ -81,18 +81,23 @@ def _nonfinite_on_host(logs: Any, loss_limit: float | None = None) -> bool:
     return False
 
 
+_NONFINITE = ("run", "stop", "flag")
+_SINGLE_STEP = (None, "iterator", "batch")
+
+
 class StepRunner:
     """Runs up to `num_steps` steps on an iterator per call.
 
-    With `compiled` (the step is a `tf.function`) and one step per call on a
-    plain `tf.data` iterator whose batches are known to be there, a call runs
-    `graph_loops.make_single_step` through its concrete function: the batch
-    is read in the graph (with `jit_compile`, in Python, and the whole call
-    is compiled).
+    With a `single_step` (the step is a `tf.function`) and one step per call
+    on a plain `tf.data` iterator whose batches are known to be there, a call
+    runs `graph_loops.make_single_step` through its concrete function: the
+    batch is read in the graph (`"iterator"`), or in Python and the whole
+    call compiled with XLA (`"batch"`).
 
-    With `flag_nonfinite` (see `past_nonfinite`), no call stops at a
-    non-finite loss: each runs its steps, and its `LoopResult.nonfinite`
-    says whether any of them had a non-finite loss.
+    `nonfinite` says what a non-finite loss does to a call: `"stop"` ends the
+    call at that step (and at a loss above `loss_limit`); `"flag"` (see
+    `past_nonfinite`) runs every step and its `LoopResult.nonfinite` says
+    whether any had a non-finite loss; `"run"` neither tests nor stops.
 
     The path a call takes (the collecting or the plain k-step loop in the
     graph, the compiled single step, or the host loop) is chosen once, when
@@ -104,6 +109,8 @@ class StepRunner:
         step: The compiled single step (`batch -> logs`).
         trace_counter: Counts traces of the step.
         in_graph: Whether the steps of one call run inside one `tf.function`.
+        stop_on_nonfinite: A call stops at a non-finite loss (`nonfinite="stop"`).
+        flag_nonfinite: A call runs past a non-finite loss and flags it (`nonfinite="flag"`).
     """
 
     def __init__(
@@ -113,22 +120,26 @@ class StepRunner:
         in_graph: bool,
         strategy: tf.distribute.Strategy,
         *,
-        stop_on_nonfinite: bool = False,
+        nonfinite: str = "run",
         collect: bool = False,
-        compiled: bool = False,
-        jit_compile: bool = False,
-        flag_nonfinite: bool = False,
+        single_step: str | None = None,
         loss_limit: float | None = None,
     ):
+        if nonfinite not in _NONFINITE or single_step not in _SINGLE_STEP:
+            raise ValueError(
+                f"Invalid StepRunner arguments. Received: nonfinite={nonfinite!r}, single_step={single_step!r}. "
+                f"Expected nonfinite in {_NONFINITE} and single_step in {_SINGLE_STEP}."
+            )
+        stop_on_nonfinite = nonfinite == "stop"
         self.step = step
         self.loss_limit = loss_limit if stop_on_nonfinite else None
         self.trace_counter = trace_counter
         self.strategy = strategy
         self.stop_on_nonfinite = stop_on_nonfinite
-        self.flag_nonfinite = flag_nonfinite and not stop_on_nonfinite
+        self.flag_nonfinite = nonfinite == "flag"
         self.collect = collect
         self.in_graph = in_graph
-        self._compiled = compiled
+        self._single_step_kind = single_step
         self._loop_traces = 0
         self._graph_loop = None
         if in_graph and collect:
@@ -143,14 +154,14 @@ class StepRunner:
                 loss_limit=self.loss_limit,
             )
         self._single_step = None
-        self._single_step_on_batch = jit_compile  # the XLA single step takes the batch, not the iterator
-        if compiled and not in_graph and not collect:
+        self._single_step_on_batch = single_step == "batch"  # the XLA single step takes the batch, not the iterator
+        if single_step is not None and not in_graph and not collect:
             # One step per call: its loss test is the flag either way (nothing to stop).
             self._single_step = graph_loops.make_single_step(
                 step,
                 stop_on_nonfinite or self.flag_nonfinite,
                 self._count_trace,
-                jit_compile=jit_compile,
+                jit_compile=self._single_step_on_batch,
                 loss_limit=self.loss_limit,
             )
         # Per iterator, held weakly (a finished pass's iterator and its buffers are
@@ -200,10 +211,9 @@ class StepRunner:
             self.trace_counter,
             self.in_graph,
             self.strategy,
+            nonfinite="flag",
             collect=self.collect,
-            compiled=self._compiled,
-            jit_compile=self._single_step_on_batch,
-            flag_nonfinite=True,
+            single_step=self._single_step_kind,
         )
 
     @property
@@ -553,10 +563,9 @@ def make_runner(
             counter,
             in_graph,
             strategy,
-            stop_on_nonfinite=stop_on_nonfinite,
+            nonfinite="stop" if stop_on_nonfinite else "run",
             collect=collect,
-            compiled=options.use_tf_function,
-            jit_compile=options.jit_compile,
+            single_step=("batch" if options.jit_compile else "iterator") if options.use_tf_function else None,
             loss_limit=loss_limit,
         )
 
@@ -586,5 +595,11 @@ def make_runner(
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True, autograph=False)
     return StepRunner(
-        step, counter, in_graph, strategy, stop_on_nonfinite=stop_on_nonfinite, collect=collect, loss_limit=loss_limit
+        step,
+        counter,
+        in_graph,
+        strategy,
+        nonfinite="stop" if stop_on_nonfinite else "run",
+        collect=collect,
+        loss_limit=loss_limit,
     )
