@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tftrain import ema, evaluation, precision, timing
 from tftrain.arguments import check_jit_compile
-from tftrain.compat import tf_internals
+from tftrain.compat import keras_internals, tf_internals
 from tftrain.engine import model_setup
 from tftrain.loops import dry_run, fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.owner import TrackedAttributes
@@ -483,10 +483,11 @@ class Trainer:
         Raises:
             ValueError: a keyword argument `keras.Model.evaluate` does not take.
         """
-        return inference.evaluate(
+        logs = inference.evaluate(
             self, x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight, steps=steps,
-            callbacks=callbacks, return_dict=return_dict, kwargs=kwargs,
+            callbacks=callbacks, kwargs=kwargs,
         )  # fmt: skip
+        return logs if return_dict else keras_internals.flatten_metrics_in_order(self.model, logs)
 
     def predict(
         self,

@@ -41,13 +41,13 @@ def evaluate(
     sample_weight: Any,
     steps: int | None,
     callbacks: Any,
-    return_dict: bool,
     kwargs: dict[str, Any],
-) -> dict[str, float] | list[float] | float:
+) -> dict[str, float]:
     """`Trainer.evaluate` (its arguments, by keyword): checks, adapts the inputs, runs one evaluation pass.
 
-    Returns what `keras.Model.evaluate` returns: the logs with `return_dict`,
-    else their values in Keras's metrics order (a scalar for one value).
+    Returns the pass's logs by name (`Trainer.evaluate` returns them as
+    `keras.Model.evaluate` does: a dict with `return_dict`, else their values
+    in Keras's metrics order).
     """
     check_verbose(verbose)
     preparation.check_step(owner, "eval")
@@ -55,8 +55,7 @@ def evaluate(
     data = inputs.adapt(x, y, sample_weight, batch_size=batch_size, steps=steps, steps_argument="steps")
     plan = preparation.plan_for(owner, "eval", data, "x")
     preparation.build(owner, plan.dataset)
-    logs = run_evaluation(owner, plan, callback_list(callbacks, verbose, plan, owner.model))
-    return logs if return_dict else keras_internals.flatten_metrics_in_order(owner.model, logs)
+    return run_evaluation(owner, plan, callback_list(callbacks, verbose, plan, owner.model))
 
 
 def _check_evaluate_kwargs(kwargs: dict[str, Any]) -> None:
