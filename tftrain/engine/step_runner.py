@@ -553,21 +553,20 @@ def make_runner(
 
     # Without a strategy, `strategy.run` only adds host work (autograph
     # conversion, replica-context push/pop), which is felt in eager mode.
+    def runner(step: StepFn, single_step: str | None = None) -> StepRunner:
+        nonfinite = "stop" if stop_on_nonfinite else "run"
+        return StepRunner(
+            step, counter, in_graph, strategy, nonfinite=nonfinite, collect=collect, single_step=single_step,
+            loss_limit=loss_limit,
+        )  # fmt: skip
+
     single_device = distribute.is_default_strategy(strategy)
     if single_device:
         step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
-        if options.use_tf_function:
-            step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile, autograph=False)
-        return StepRunner(
-            step,
-            counter,
-            in_graph,
-            strategy,
-            nonfinite="stop" if stop_on_nonfinite else "run",
-            collect=collect,
-            single_step=("batch" if options.jit_compile else "iterator") if options.use_tf_function else None,
-            loss_limit=loss_limit,
-        )
+        if not options.use_tf_function:
+            return runner(step)
+        step = tf.function(step, reduce_retracing=True, jit_compile=options.jit_compile, autograph=False)
+        return runner(step, "batch" if options.jit_compile else "iterator")
 
     devices = strategy.extended.worker_devices
     if options.jit_compile and len(devices) > 1 and all("CPU" in device.upper() for device in devices):
@@ -594,12 +593,4 @@ def make_runner(
     step = counter.wrap(replicated_step if step_counter is None else _counted(replicated_step, step_counter))
     if options.use_tf_function:
         step = tf.function(step, reduce_retracing=True, autograph=False)
-    return StepRunner(
-        step,
-        counter,
-        in_graph,
-        strategy,
-        nonfinite="stop" if stop_on_nonfinite else "run",
-        collect=collect,
-        loss_limit=loss_limit,
-    )
+    return runner(step)
