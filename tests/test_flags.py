@@ -86,6 +86,35 @@ def test_a_bad_value_fails_when_parsed_with_the_trainers_message(argv, kwargs):
     assert str(from_trainer.value) in str(from_flags.value)
 
 
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--steps_per_loop=0"], "--steps_per_loop=0"),
+        (["--model_dir=runs", "--on_data_change=skip"], "--on_data_change=skip"),
+        (["--rollback_lr_factor=0.5"], "--rollback_lr_factor=0.5"),
+    ],
+    ids=["value", "combination", "needs_another_option"],
+)
+def test_a_bad_values_message_starts_with_the_flag_and_the_reason(argv, flag):
+    with pytest.raises(absl_flags.IllegalFlagValueError) as error:
+        parsed(*argv)
+    message = str(error.value)
+    assert message.startswith(f"flag {flag}: Invalid "), message
+    assert len(message) < 600 and message.count("\n") == 0, message  # no listing of every other flag
+
+
+def test_a_clash_with_a_programs_flag_names_both_and_the_way_out():
+    values = absl_flags.FlagValues()
+    absl_flags.DEFINE_string("model_dir", None, "The program's own.", flag_values=values)
+    with pytest.raises(absl_flags.DuplicateFlagError) as error:
+        flags.define_trainer_flags(flag_values=values)
+    message = str(error.value)
+    assert "--model_dir (defined in" in message and "['model_dir']" in message
+    assert "exclude=['model_dir']" in message and 'prefix="trainer_"' in message
+    assert "steps_per_loop" not in values  # nothing defined
+    assert "trainer_model_dir" in flags.define_trainer_flags(prefix="trainer_", flag_values=values)
+
+
 def test_a_bad_budget_fails_when_parsed():
     with pytest.raises(absl_flags.IllegalFlagValueError, match="Invalid value for argument `epochs`"):
         parsed("--epochs=-1")

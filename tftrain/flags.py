@@ -181,6 +181,9 @@ def define_trainer_flags(
 
     Raises:
         ValueError: `only` or `exclude` names an argument that is none of these.
+        absl.flags.DuplicateFlagError: the program already defines a flag of
+            that name; the message names both flags and the way out
+            (`exclude=` or `prefix=`). Nothing is defined then.
     """
     groups = _groups()
     known = [name for _, parameters in groups.values() for name in parameters]
@@ -192,6 +195,7 @@ def define_trainer_flags(
             f"option, fit budget or strategy argument. Expected some of {known}."
         )
     chosen = [name for name in chosen if name not in set(exclude)]
+    _check_no_clash(prefix, chosen, flag_values)
     defined = []
     for owner, parameters in groups.values():
         helps = _arg_help(owner)
@@ -220,30 +224,100 @@ def _values(group: str, prefix: str, flag_values: absl_flags.FlagValues, raw: di
     return values
 
 
+def _check_no_clash(prefix: str, chosen: list[str], flag_values: absl_flags.FlagValues) -> None:
+    """Refuses to define a flag the program (or another call) already defines, naming both and the way out."""
+    clashes = [name for name in chosen if prefix + name in flag_values]
+    if not clashes:
+        return
+    owners = ", ".join(
+        f"--{prefix + name} (defined in {flag_values.find_module_defining_flag(prefix + name, 'an unknown module')})"
+        for name in clashes
+    )
+    raise absl_flags.DuplicateFlagError(
+        f"Cannot define tftrain's flags for the Trainer options {clashes}: the program already defines {owners}. "
+        f"Expected flag names of their own. Pass `define_trainer_flags(exclude={clashes})` to keep the "
+        "program's flags (give their values to the Trainer yourself, and to the check with "
+        f"`program_values=`), or `prefix=\"trainer_\"` to define --trainer_{clashes[0]} beside them."
+    )
+
+
+def _blamed_flag(message: str, prefix: str, defined: tuple[str, ...]) -> str | None:
+    """The defined flag whose argument the check's message names first (`name=` or `` `name` ``), or None."""
+    found = []
+    for flag in defined:
+        name = re.escape(flag[len(prefix) :])
+        match = re.search(rf"(?<![\w`])(`{name}`|{name}=)", message)
+        if match:
+            found.append((match.start(), flag))
+    return min(found)[1] if found else None
+
+
 def _register_checks(
     prefix: str,
     defined: tuple[str, ...],
     flag_values: absl_flags.FlagValues,
     program_values: Callable[[], Mapping[str, Any]] | None,
 ) -> None:
-    """Checks the flags as the Trainer and `fit` check their arguments, when the flags are parsed."""
+    """Checks the flags as the Trainer and `fit` check their arguments, when the flags are parsed.
 
-    def check(raw: dict[str, Any]) -> bool:
-        try:
-            program = dict(program_values()) if program_values is not None else {}
-            check_options(**{**program, **_values("trainer", prefix, flag_values, raw)})
-            budget = _values("budget", prefix, flag_values, raw)
-            if "epochs" in budget:
-                check_int("epochs", budget["epochs"], 0)
-            for name in ("total_steps", "validation_every_steps"):
-                if name in budget:
-                    check_int(name, budget[name], optional=True)
-        except (TypeError, ValueError) as error:
+    absl's message for a failed check starts with the flags it covers: each
+    flag has a validator of its own that raises the check's error where the
+    error names its argument first, so the message reads `flag --name=value:
+    the reason`. An error that names none of them (a program's own value,
+    through `program_values`) is raised by one validator over all of them.
+    """
+    if not defined:
+        return
+    checked: dict[str, Exception | None] = {}  # the values' repr -> the check's error: one check per parse
+
+    def error_of() -> Exception | None:
+        raw = {flag: flag_values[flag].value for flag in defined}
+        key = repr(sorted(raw.items()))
+        if key not in checked:
+            checked.clear()
+            checked[key] = _check_values(raw, prefix, flag_values, program_values)
+        return checked[key]
+
+    def check_flag(flag: str) -> Callable[[Any], bool]:
+        def check(_: Any) -> bool:
+            error = error_of()
+            if error is not None and _blamed_flag(str(error), prefix, defined) == flag:
+                raise absl_flags.ValidationError(str(error)) from error
+            return True
+
+        return check
+
+    for flag in defined:
+        absl_flags.register_validator(flag, check_flag(flag), flag_values=flag_values)
+
+    def check_rest(_: Any) -> bool:
+        error = error_of()
+        if error is not None and _blamed_flag(str(error), prefix, defined) is None:
             raise absl_flags.ValidationError(str(error)) from error
         return True
 
-    if defined:
-        absl_flags.register_multi_flags_validator(list(defined), check, flag_values=flag_values)
+    absl_flags.register_multi_flags_validator(list(defined), check_rest, flag_values=flag_values)
+
+
+def _check_values(
+    raw: dict[str, Any],
+    prefix: str,
+    flag_values: absl_flags.FlagValues,
+    program_values: Callable[[], Mapping[str, Any]] | None,
+) -> Exception | None:
+    """The error the Trainer and `fit` raise for these flag values (and the program's), or None."""
+    try:
+        program = dict(program_values()) if program_values is not None else {}
+        check_options(**{**program, **_values("trainer", prefix, flag_values, raw)})
+        budget = _values("budget", prefix, flag_values, raw)
+        if "epochs" in budget:
+            check_int("epochs", budget["epochs"], 0)
+        for name in ("total_steps", "validation_every_steps"):
+            if name in budget:
+                check_int(name, budget[name], optional=True)
+    except (TypeError, ValueError) as error:
+        return error
+    return None
 
 
 def trainer_kwargs(*, prefix: str = "", flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> dict[str, Any]:
