@@ -186,7 +186,8 @@ class Trainer:
         services: Services of your own (`tftrain.services.Service`), run
             around every `fit`'s steps with the built-in ones (after the NaN
             guard, before the summaries and checkpoints); their state is
-            saved with each checkpoint under their `name`.
+            saved with each checkpoint under their `name`. One service
+            alone is taken as a list of one.
 
     Raises:
         TypeError: `model` is not a `keras.Model`, or an option has the wrong type.

@@ -152,6 +152,16 @@ def test_services_must_be_services_with_distinct_names(tmp_path):
     assert not os.path.exists(tmp_path / "writer.lock")  # the lock is released on the error
 
 
+def test_one_service_is_taken_as_a_list_of_one_and_a_non_service_is_refused():
+    recorder = CallRecorder(2)
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", services=recorder)
+    assert trainer.services == (recorder,)
+    trainer.fit(regression(batches=4), epochs=1, verbose=0)
+    assert recorder.call_ends  # it ran as a service of the run
+    with pytest.raises(TypeError, match=r"Invalid value for argument `services`. Received: services=3 of type int"):
+        tftrain.Trainer(make_mlp(), "sgd", "mse", services=3)
+
+
 class FailsToClose(Service):
     name = "fails_to_close"
 

@@ -16,6 +16,7 @@ else; `Trainer(services=[...])` adds a user's own, and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
@@ -258,7 +259,15 @@ def check_services(services: Any, reserved: frozenset[str] = frozenset()) -> tup
 
     Each service's state, as it is now, is checked JSON-ready (`json_ready_state`);
     a `state_dict()` that fails before a run starts is checked at the run's first save.
+    One service alone is taken as a list of one, as Keras takes one callback.
     """
+    if isinstance(services, Service):
+        services = (services,)
+    elif services is not None and not isinstance(services, Iterable):
+        raise TypeError(
+            f"Invalid value for argument `services`. Received: services={services!r} of type "
+            f"{type(services).__name__}. Expected a tftrain.services.Service or a list of them."
+        )
     services = tuple(services or ())
     for service in services:
         if not isinstance(service, Service):
