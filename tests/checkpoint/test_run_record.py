@@ -170,3 +170,43 @@ def test_orders_recorded_from_several_threads_leave_tensorflows_shuffle_as_it_wa
         thread.join()
     assert recorded == [True] * 30
     assert tf.random.shuffle is original
+
+
+def _with_dropout(rate):
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.Dropout(rate), keras.layers.Dense(3)])
+
+
+def test_a_layers_configuration_change_with_the_same_weights_is_taken_and_said():
+    model = _with_dropout(0.5)
+    comparison = run_record.compare(_record(model=_with_dropout(0.1)), _record(model=model), mid_epoch=True)
+    assert not comparison.refused
+    assert comparison.taken_lines() == [
+        f"the model's layers: layer 1 ({model.layers[1].name}) rate: 0.1 in the checkpoint, 0.5 now (yours)"
+    ]
+    older = _record(model=_with_dropout(0.1))
+    del older["model.layer_configs"]  # a record from before configurations were kept: nothing to compare
+    assert run_record.compare(older, _record(model=model), mid_epoch=True) == run_record.Comparison()
+
+
+def _gan_record(d_optimizer, **kwargs):
+    model = make_mlp()
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    optimizers = run_record.optimizers_of(model, {"owner_d_optimizer": d_optimizer, "owner_step": object()})
+    assert list(optimizers) == ["optimizer", "optimizers.d_optimizer"]
+    return run_record.build(
+        model=model, dataset=None, adapter=None, replicas=1, settings={}, optimizers=optimizers, **kwargs
+    )
+
+
+def test_a_trainers_other_optimizer_is_compared_as_the_models():
+    saved = _gan_record(keras.optimizers.Adam(0.01))
+    assert saved["optimizers.d_optimizer"] == "keras.optimizers.Adam"
+    assert saved["optimizers.d_optimizer.learning_rate"] == 0.01
+    taken = run_record.compare(saved, _gan_record(keras.optimizers.Adam(0.001)), mid_epoch=True)
+    assert taken.taken_lines() == ["d_optimizer.learning_rate: 0.01 in the checkpoint, 0.001 now (yours)"]
+    refused = run_record.compare(saved, _gan_record(keras.optimizers.SGD(0.01)), mid_epoch=True).refused
+    assert [change.line() for change in refused] == [
+        "d_optimizer: keras.optimizers.Adam in the checkpoint, keras.optimizers.SGD now"
+    ]
+    older = {key: value for key, value in saved.items() if not key.startswith("optimizers.")}
+    assert run_record.compare(older, _gan_record(keras.optimizers.SGD(0.01)), mid_epoch=True) == run_record.Comparison()

@@ -372,3 +372,58 @@ def test_a_schedule_instead_of_a_float_rate_is_refused_naming_the_learning_rate(
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)
     with pytest.raises(RunChangedError, match="learning_rate: 0.01 in the checkpoint"):
         _trainer(tmp_path, keras.optimizers.Adam(schedule)).fit(x, y, batch_size=8, epochs=2, verbose=0)
+
+
+class _TwoOptimizers(tftrain.Trainer):
+    """A custom-loop Trainer with a second optimizer of its own (a GAN's discriminator's, say) for the last layer."""
+
+    def __init__(self, model, d_optimizer, **kwargs):
+        super().__init__(model, keras.optimizers.SGD(0.1), "mse", **kwargs)
+        self.d_optimizer = d_optimizer
+
+    def train_step(self, batch):
+        x, y = batch
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((self.model(x, training=True) - y) ** 2)
+        first, last = self.model.layers[0].trainable_variables, self.model.layers[1].trainable_variables
+        grads = tape.gradient(loss, first + last)
+        self.optimizer.apply(grads[: len(first)], first)
+        self.d_optimizer.apply(grads[len(first) :], last)
+        return {"loss": loss}
+
+
+def _two_layers():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+
+
+def test_a_trainers_own_optimizer_takes_its_new_learning_rate_and_refuses_another_class(tmp_path, capsys):
+    x, y = _data()
+    _TwoOptimizers(_two_layers(), keras.optimizers.SGD(0.5), model_dir=str(tmp_path)).fit(
+        x, y, batch_size=8, epochs=1, verbose=0
+    )
+    with pytest.raises(RunChangedError, match="d_optimizer: keras.optimizers.SGD in the checkpoint, keras.optimizers.Adam now"):
+        _TwoOptimizers(_two_layers(), keras.optimizers.Adam(0.5), model_dir=str(tmp_path)).fit(
+            x, y, batch_size=8, epochs=2, verbose=0
+        )
+    resumed = _TwoOptimizers(_two_layers(), keras.optimizers.SGD(0.05), model_dir=str(tmp_path))
+    resumed.fit(x, y, batch_size=8, epochs=2, verbose=1)
+    assert "d_optimizer.learning_rate: 0.5 in the checkpoint, 0.05 now (yours)" in capsys.readouterr().out
+    assert float(resumed.d_optimizer.learning_rate) == pytest.approx(0.05)
+    assert int(resumed.d_optimizer.iterations) == 16  # its state was restored, then trained on
+
+
+def test_a_layers_configuration_change_is_said_and_kept_in_the_record(tmp_path, capsys):
+    x, y = _data()
+
+    def model(rate):
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dropout(rate), keras.layers.Dense(1)])
+
+    _trainer(tmp_path, "sgd", model=model(0.1)).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    changed = model(0.5)
+    _trainer(tmp_path, "sgd", model=changed).fit(x, y, batch_size=8, epochs=2, verbose=1)
+    name = changed.layers[0].name
+    assert f"the model's layers: layer 0 ({name}) rate: 0.1 in the checkpoint, 0.5 now (yours)" in capsys.readouterr().out
+    changes = json.loads((tmp_path / "run_record.json").read_text())["changes"]
+    assert ("model.layer_configs", 8) in [(change["key"], change["step"]) for change in changes]

@@ -49,6 +49,7 @@ from tftrain.fit_inputs.epoch_order import examples_in
 __all__ = [
     "COMMAND_LINE",
     "HPARAMS_PREFIX",
+    "OPTIMIZERS_PREFIX",
     "RECORD_KEY",
     "Change",
     "Comparison",
@@ -57,7 +58,9 @@ __all__ = [
     "built_fields",
     "compare",
     "learning_rate_value",
+    "learning_rates",
     "log_taken",
+    "optimizers_of",
     "refusal",
     "write_file",
 ]
@@ -71,6 +74,9 @@ HPARAMS_PREFIX = "hparams."
 COMMAND_LINE = "command_line"
 """The user's value (`hparams["command_line"]`, e.g. from `tftrain.flags.program_hparams`) recorded, never compared:
 a rerun's command line differs in form (a flag's order, a flagfile's path), and each flag that changed is its own change."""
+
+OPTIMIZERS_PREFIX = "optimizers."
+"""Where a Trainer's other optimizers are (a GAN's discriminator's): `optimizers.<attribute>`, as the model's is `optimizer`."""
 
 RECORD_FILE = "run_record.json"
 """The readable copy in `model_dir` (the newest run's record and every change taken)."""
@@ -96,7 +102,14 @@ _REFUSED_BECAUSE = {
 # (Keras numbers unnamed layers per process: `dense_3` may be the same layer as `dense`).
 _LAYER_NAMES = "model.layer_names"
 
+# Each layer's configuration, as Keras serializes it without names: a change with the same weight
+# shapes (a Dropout rate, an activation) is taken and said.
+_LAYER_CONFIGS = "model.layer_configs"
+
 _NOT_COMPARED = (_LAYER_NAMES, HPARAMS_PREFIX + COMMAND_LINE)
+
+# Fields that records of older checkpoints lack: compared only where the checkpoint's record has them.
+_COMPARED_WHERE_SAVED = (_LAYER_CONFIGS, OPTIMIZERS_PREFIX)
 
 # Keys that describe the training data: taken at an epoch boundary, refused mid-epoch.
 _DATA_KEYS = ("data.global_batch_size", "data.examples", "data.batches_per_pass", "data.element_spec", "data.order")
@@ -131,7 +144,12 @@ class Change:
             )
         if self.key == "model.layers":
             return f"the model's layers: {_layer_difference(self.saved, self.now, self.names)}"
-        name = self.key.removeprefix("optimizer.")
+        if self.key == _LAYER_CONFIGS:
+            return f"the model's layers: {_config_difference(self.saved, self.now, self.names)}"
+        if _is_variables(self.key):
+            owner = _optimizer_name(self.key.removesuffix(".variables"))
+            return f"{owner}'s variables: {len(self.saved)} in the checkpoint, {len(self.now)} now"
+        name = self.key.removeprefix("optimizer.").removeprefix(OPTIMIZERS_PREFIX)
         where, saved, now = _first_difference(self.saved, self.now)
         return f"{name}{where}: {_show(saved)} in the checkpoint, {_show(now)} now"
 
@@ -147,6 +165,20 @@ def _first_difference(saved: Any, now: Any, where: str = "") -> tuple[str, Any, 
             if saved[key] != now[key]:
                 return _first_difference(saved[key], now[key], f"{where}.{key}")
     return where, saved, now
+
+
+def _config_difference(saved: list[Any], now: list[Any], names: tuple[str, ...]) -> str:
+    """The first layer whose configuration differs, and where (`layer 1 (dropout) rate: 0.1 ..., 0.5 now`)."""
+    where, before, after = _first_difference(saved, now)
+    index = where[1 : where.index("]")] if where.startswith("[") else ""
+    name = f" ({names[int(index)]})" if index.isdigit() and int(index) < len(names) else ""
+    field = where[where.index("]") + 1 :].removeprefix(".") if index else where
+    return f"layer {index}{name} {field or 'config'}: {_show(before)} in the checkpoint, {_show(after)} now"
+
+
+def _optimizer_name(prefix: str) -> str:
+    """`optimizer` for the model's, the Trainer's attribute name for another (`d_optimizer`)."""
+    return prefix.removeprefix(OPTIMIZERS_PREFIX)
 
 
 def _layer_difference(saved: list[str], now: list[str], names: tuple[str, ...]) -> str:
@@ -208,18 +240,34 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _optimizer_record(optimizer: Any) -> dict[str, Any]:
-    """The optimizer's class and hyperparameters as the user gave them (its config), and its variables' shapes."""
+def _optimizer_record(optimizer: Any, prefix: str = "optimizer") -> dict[str, Any]:
+    """The optimizer's class and hyperparameters as the user gave them (its config), under `prefix`."""
     if optimizer is None:
-        return {"optimizer": None}
+        return {prefix: None}
     inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer: the one the user built
     name = _class_name(optimizer) + (f"({_class_name(inner)})" if inner is not None else "")
-    record: dict[str, Any] = {"optimizer": name}
+    record: dict[str, Any] = {prefix: name}
     config = dict((inner or optimizer).get_config())
     config.pop("name", None)
     for key, value in config.items():
-        record[f"optimizer.{key}"] = _plain(value)
+        record[f"{prefix}.{key}"] = _plain(value)
     return record
+
+
+def optimizers_of(model: keras.Model, state: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's optimizers by their place in the record: the model's (`optimizer`), then the Trainer's others.
+
+    Args:
+        model: The model (its `optimizer`).
+        state: The Trainer's `checkpoint_state()`: its Keras optimizers other
+            than the model's are recorded as `optimizers.<attribute>`.
+    """
+    model_optimizer = getattr(model, "optimizer", None)
+    optimizers = {"optimizer": model_optimizer}
+    for key, value in sorted(state.items()):
+        if isinstance(value, keras.optimizers.Optimizer) and value is not model_optimizer:
+            optimizers[OPTIMIZERS_PREFIX + key.removeprefix("owner_")] = value
+    return optimizers
 
 
 def _class_name(value: Any) -> str:
@@ -237,6 +285,17 @@ def _layers_record(model: keras.Model) -> list[str]:
         shapes = ", ".join("x".join(str(d) for d in weight.shape) or "scalar" for weight in layer.weights)
         described.append(f"{type(layer).__name__}[{shapes}]")
     return described
+
+
+def _layer_configs(model: keras.Model) -> list[Any]:
+    """Each layer's configuration without names (a layer that cannot give one: its class)."""
+    configs = []
+    for layer in model.layers:
+        try:
+            configs.append(_without_names(_plain(layer.get_config())))
+        except Exception:  # e.g. a custom layer with arguments and no get_config: its class still compares
+            configs.append(type(layer).__name__)
+    return configs
 
 
 def _data_record(dataset: Any, adapter: Any, shuffled: bool | None) -> dict[str, Any]:
@@ -273,6 +332,7 @@ def build(
     shuffled: bool | None = None,
     settings: Mapping[str, Any],
     hparams: Mapping[str, Any] | None = None,
+    optimizers: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of a `fit` call: what its results depend on, as JSON values keyed by dotted names.
 
@@ -289,13 +349,18 @@ def build(
             target (`epochs`, `total_steps`), by name.
         hparams: The user's own values (`Trainer(hparams=...)`), recorded
             as `hparams.<name>`.
+        optimizers: The run's optimizers by their place in the record
+            (`optimizers_of`); None: the model's alone.
 
     Returns:
         The record.
     """
-    record = _optimizer_record(getattr(model, "optimizer", None))
+    optimizers = dict(optimizers or {"optimizer": getattr(model, "optimizer", None)})
+    record: dict[str, Any] = {}
+    for prefix, optimizer in optimizers.items():
+        record.update(_optimizer_record(optimizer, prefix))
     record.update(_compiled_record(model))
-    record.update(built_fields(model))
+    record.update(built_fields(model, optimizers))
     record.update(_data_record(dataset, adapter, shuffled))
     record["replicas"] = int(replicas)
     record["dtype_policy"] = model.dtype_policy.name
@@ -350,16 +415,25 @@ def _described(value: Any) -> Any:
     return f"{target.__module__}.{target.__qualname__}"
 
 
-def built_fields(model: keras.Model) -> dict[str, Any]:
-    """The record's fields that a model built in its first step fills only then: its layers, the optimizer's variables.
+def built_fields(model: keras.Model, optimizers: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The record's fields that a model built in its first step fills only then: its layers, the optimizers' variables.
 
     A record is saved with each checkpoint with these fields read again at
     the save, so the saved record describes the model that trained.
+
+    Args:
+        model: The model.
+        optimizers: The run's optimizers by their place in the record
+            (`optimizers_of`); None: the model's alone.
     """
-    fields: dict[str, Any] = {"model.layers": _layers_record(model), _LAYER_NAMES: [layer.name for layer in model.layers]}
-    optimizer = getattr(model, "optimizer", None)
-    if getattr(optimizer, "built", False):
-        fields["optimizer.variables"] = [list(variable.shape) for variable in optimizer.variables]
+    fields: dict[str, Any] = {
+        "model.layers": _layers_record(model),
+        _LAYER_NAMES: [layer.name for layer in model.layers],
+        _LAYER_CONFIGS: _layer_configs(model),
+    }
+    for prefix, optimizer in (optimizers or {"optimizer": getattr(model, "optimizer", None)}).items():
+        if getattr(optimizer, "built", False):
+            fields[f"{prefix}.variables"] = [list(variable.shape) for variable in optimizer.variables]
     return fields
 
 
@@ -390,14 +464,20 @@ def compare(
     if not saved:
         return Comparison()
     taken, refused = [], []
+    names = tuple(now.get(_LAYER_NAMES) or ())
     for key in sorted(set(saved) | set(now)):
         before, after = saved.get(key), now.get(key)
-        if before == after or key in _NOT_COMPARED or (key == "optimizer.variables" and None in (before, after)):
+        if before == after or key in _NOT_COMPARED or (_is_variables(key) and None in (before, after)):
             continue
-        if key == "model.layers":
-            refused.append(Change(key, before, after, REFUSED, tuple(now.get(_LAYER_NAMES) or ())))
+        if key.startswith(_COMPARED_WHERE_SAVED) and key not in saved:
+            continue  # a record from before this field was kept
+        if key in ("model.layers", _LAYER_CONFIGS):
+            action = REFUSED if key == "model.layers" else TAKEN
+            (refused if action == REFUSED else taken).append(Change(key, before, after, action, names))
         elif key == "ema_decay" and None not in (before, after):
             taken.append(Change(key, before, after, TAKEN))  # another decay: a hyperparameter
+        elif _is_optimizer_class(key) or _is_variables(key):
+            refused.append(Change(key, before, after, REFUSED))
         elif key in _REFUSED_BECAUSE or (key in _DATA_KEYS and mid_epoch):
             action = DATA if key in _DATA_KEYS else REFUSED
             refused.append(Change(key, before, after, action))
@@ -406,6 +486,25 @@ def compare(
     if convertible and mid_epoch:
         taken, refused = _batch_size_converted(taken, refused)
     return Comparison(*_consequences_dropped(taken, refused))
+
+
+def _is_optimizer_class(key: str) -> bool:
+    """Whether the key names an optimizer's class: the model's (`optimizer`) or another (`optimizers.<name>`)."""
+    return key == "optimizer" or (key.startswith(OPTIMIZERS_PREFIX) and "." not in key[len(OPTIMIZERS_PREFIX) :])
+
+
+def _is_variables(key: str) -> bool:
+    """Whether the key names an optimizer's variables (`optimizer.variables`, `optimizers.<name>.variables`)."""
+    return key.endswith(".variables") and _is_optimizer_class(key.removesuffix(".variables"))
+
+
+def _optimizer_prefix(key: str) -> str | None:
+    """The optimizer a key belongs to (`optimizer`, `optimizers.d_optimizer`), or None."""
+    if key == "optimizer" or key.startswith("optimizer."):
+        return "optimizer"
+    if key.startswith(OPTIMIZERS_PREFIX):
+        return OPTIMIZERS_PREFIX + key[len(OPTIMIZERS_PREFIX) :].split(".")[0]
+    return None
 
 
 def _batch_size_converted(taken: list[Change], refused: list[Change]) -> tuple[list[Change], list[Change]]:
@@ -426,28 +525,43 @@ def _consequences_dropped(taken: list[Change], refused: list[Change]) -> tuple[t
     variables' difference it causes; a model change changes them too.
     """
     keys = {change.key for change in refused}
-    if "optimizer" in keys:
-        taken = [c for c in taken if not c.key.startswith("optimizer.")]
-        refused = [c for c in refused if not c.key.startswith("optimizer.")]
+    if "model.layers" in keys:  # the layers' configurations differ with them
+        taken = [c for c in taken if c.key != _LAYER_CONFIGS]
     if "ema_decay" in keys:
         dropped = ("optimizer.use_ema", "optimizer.ema_momentum", "optimizer.variables")
         taken = [c for c in taken if c.key not in dropped]
         refused = [c for c in refused if c.key not in dropped]
-    if "optimizer.variables" in keys and "model.layers" in keys:
-        refused = [c for c in refused if c.key != "optimizer.variables"]
-    elif "optimizer.variables" in keys:
+        keys = {change.key for change in refused}
+    for prefix in sorted({_optimizer_prefix(key) for key in keys} - {None}):
+        taken, refused = _optimizer_consequences_dropped(prefix, keys, taken, refused)
+    return tuple(taken), tuple(refused)
+
+
+def _optimizer_consequences_dropped(
+    prefix: str, keys: set[str], taken: list[Change], refused: list[Change]
+) -> tuple[list[Change], list[Change]]:
+    """One optimizer's refused changes, each named once by its cause (`_consequences_dropped`)."""
+    variables = f"{prefix}.variables"
+    if prefix in keys:  # another class: every hyperparameter differs with it
+        return (
+            [c for c in taken if _optimizer_prefix(c.key) != prefix],
+            [c for c in refused if _optimizer_prefix(c.key) != prefix or c.key == prefix],
+        )
+    if variables in keys and "model.layers" in keys:
+        return taken, [c for c in refused if c.key != variables]
+    if variables in keys:
         causes = [
             c
             for c in taken
-            if c.key.startswith("optimizer.")
+            if _optimizer_prefix(c.key) == prefix
             # a new rate keeps the variables; a schedule instead of a float (or back) does not
-            and (c.key != "optimizer.learning_rate" or isinstance(c.saved, dict) != isinstance(c.now, dict))
+            and (c.key != f"{prefix}.learning_rate" or isinstance(c.saved, dict) != isinstance(c.now, dict))
         ]
         if causes:
             taken = [c for c in taken if c not in causes]
-            refused = [c for c in refused if c.key != "optimizer.variables"]
+            refused = [c for c in refused if c.key != variables]
             refused += [dataclasses.replace(c, action=REFUSED) for c in causes]
-    return tuple(taken), tuple(refused)
+    return taken, refused
 
 
 def refusal(comparison: Comparison, path: str, model_dir: str | None) -> RunChangedError:
@@ -455,6 +569,8 @@ def refusal(comparison: Comparison, path: str, model_dir: str | None) -> RunChan
     lines = []
     for change in comparison.refused:
         why = _REFUSED_BECAUSE.get(change.key)
+        if why is None and _is_optimizer_class(change.key):
+            why = _REFUSED_BECAUSE["optimizer"]
         if change.action == DATA:
             why = "the saved data position counts this data's batches, so the rest of the epoch would skip or repeat examples"
         elif why is None:  # a hyperparameter that changes the optimizer's variables
@@ -476,10 +592,10 @@ def refusal(comparison: Comparison, path: str, model_dir: str | None) -> RunChan
     )
 
 
-def apply_taken(comparison: Comparison, optimizer: Any, learning_rate: Any) -> Comparison:
-    """Puts the user's new learning rate back after a restore assigned the checkpoint's.
+def apply_taken(comparison: Comparison, optimizers: Mapping[str, Any], learning_rates: Mapping[str, Any]) -> Comparison:
+    """Puts the user's new learning rates back after a restore assigned the checkpoint's.
 
-    The restore assigns the checkpoint's value to the optimizer's learning
+    The restore assigns the checkpoint's value to each optimizer's learning
     rate variable; the other hyperparameters are Python values the restore
     leaves as the user set them. A learning rate that differs from the
     record's but equals the checkpoint's (the run itself changed it, e.g.
@@ -488,22 +604,30 @@ def apply_taken(comparison: Comparison, optimizer: Any, learning_rate: Any) -> C
 
     Args:
         comparison: The comparison of the record with the new call.
-        optimizer: The model's optimizer.
-        learning_rate: The value the optimizer held before the restore (the user's).
+        optimizers: The run's optimizers by their place in the record (`optimizers_of`).
+        learning_rates: Their values before the restore (the user's), as `learning_rates` read them.
 
     Returns:
-        The comparison, less a learning rate change that was none.
+        The comparison, less the learning rate changes that were none.
     """
-    if not any(change.key == "optimizer.learning_rate" for change in comparison.taken):
-        return comparison
-    restored = learning_rate_value(optimizer)
-    if restored is None or learning_rate is None:
-        return comparison
-    if restored == learning_rate:
-        taken = tuple(change for change in comparison.taken if change.key != "optimizer.learning_rate")
-        return dataclasses.replace(comparison, taken=taken)
-    optimizer.learning_rate.assign(learning_rate)
-    return comparison
+    none = set()
+    for prefix, optimizer in optimizers.items():
+        key = f"{prefix}.learning_rate"
+        if not any(change.key == key for change in comparison.taken):
+            continue
+        restored, users = learning_rate_value(optimizer), learning_rates.get(prefix)
+        if restored is None or users is None:
+            continue
+        if restored == users:
+            none.add(key)
+        else:
+            optimizer.learning_rate.assign(users)
+    return dataclasses.replace(comparison, taken=tuple(c for c in comparison.taken if c.key not in none))
+
+
+def learning_rates(optimizers: Mapping[str, Any]) -> dict[str, Any]:
+    """Each optimizer's float learning rate by its place in the record (`learning_rate_value`)."""
+    return {prefix: learning_rate_value(optimizer) for prefix, optimizer in optimizers.items()}
 
 
 def learning_rate_value(optimizer: Any) -> Any:

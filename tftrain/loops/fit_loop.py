@@ -61,12 +61,15 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     def validate() -> dict[str, Any]:  # a validation every N steps
         return inference.validate_mid_epoch(owner, call.validation.plan, callback_list)
 
+    with_record = owner.run_options.model_dir is not None
+    record_optimizers = run_record.optimizers_of(model, owner.checkpoint_state()) if with_record else None
     parts = run_setup.RunParts(
         timer=measured,
         trace_counter=train_runner.trace_counter,
         services=_call_services(call, validate, step_history) + tuple(owner.services),
         callbacks_decide_nan=callbacks_decide_nan,
-        record=_run_record(owner, call) if owner.run_options.model_dir is not None else None,
+        record=_run_record(owner, call, record_optimizers) if with_record else None,
+        optimizers=record_optimizers,
     )
     run = run_setup.start_run(owner, call, parts)
     try:
@@ -215,7 +218,7 @@ def _call_services(
     return (PeriodicValidation(call.validation_every_steps, validate, step_history),)
 
 
-def _run_record(owner: StepOwner, call: FitCall) -> dict[str, Any]:
+def _run_record(owner: StepOwner, call: FitCall, optimizers: dict[str, Any] | None) -> dict[str, Any]:
     """The call's run record: what its results depend on (`tftrain.checkpoint.run_record`)."""
     options, recovery = owner.engines.options, owner.recovery
     settings = {
@@ -238,4 +241,5 @@ def _run_record(owner: StepOwner, call: FitCall) -> dict[str, Any]:
         shuffled=call.plan.order is not None if call.plan.position is not None else None,
         settings=settings,
         hparams=owner.run_options.hparams,
+        optimizers=optimizers,
     )

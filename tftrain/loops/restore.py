@@ -59,6 +59,8 @@ class RestoreRequest:
         writes_record_file: Whether this process writes `model_dir/run_record.json` (the chief).
         built_in_names: The built-in services' names: a checkpoint's state of
             one the run does not have is dropped without a word (a user's is warned).
+        optimizers: The run's optimizers by their place in the record
+            (`run_record.optimizers_of`); None: the model's alone.
     """
 
     options: RunOptions
@@ -68,6 +70,7 @@ class RestoreRequest:
     verbose: int
     writes_record_file: bool
     built_in_names: frozenset[str] = frozenset()
+    optimizers: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,8 +200,8 @@ class _RecordCheck:
 
 def _validate_and_restore_model(checkpointer: checkpoint_lib.Checkpointer, request: RestoreRequest) -> Restored:
     """Steps 2 and 3, in the checkpointer in that order; then the changes the record took, put in effect."""
-    optimizer = getattr(request.model, "optimizer", None)
-    users_learning_rate = run_record.learning_rate_value(optimizer)  # before a restore assigns the checkpoint's
+    optimizers = request.optimizers or {"optimizer": getattr(request.model, "optimizer", None)}
+    users_learning_rates = run_record.learning_rates(optimizers)  # before a restore assigns the checkpoint's
     check = _RecordCheck(request)
     progress = checkpointer.restore_latest(prepare=check)
     if progress is None and request.options.resume_from is not None:
@@ -207,7 +210,7 @@ def _validate_and_restore_model(checkpointer: checkpoint_lib.Checkpointer, reque
         if not check.called:
             check(None)
         return Restored(None, check.mode, run_record.Comparison())
-    comparison = run_record.apply_taken(check.comparison, optimizer, users_learning_rate)
+    comparison = run_record.apply_taken(check.comparison, optimizers, users_learning_rates)
     if check.next_epoch:  # the rest of the checkpoint's epoch is not trained
         epoch = progress.epoch + (1 if progress.step_in_epoch else 0)  # at an epoch end mid-pass: that next epoch
         progress = dataclasses.replace(progress, epoch=epoch, step_in_epoch=0, batches_in_pass=0)

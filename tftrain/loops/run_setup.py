@@ -102,6 +102,9 @@ class RunParts:
             compared with the checkpoint's at a resume, saved with every
             checkpoint, written to `model_dir/run_record.json` and shown in
             TensorBoard's HParams tab. None: no record.
+        optimizers: The run's optimizers by their place in the record
+            (`tftrain.checkpoint.run_record.optimizers_of`): each is compared
+            at a resume, its new learning rate taken.
     """
 
     timer: timing.StepTimer | None
@@ -109,6 +112,7 @@ class RunParts:
     services: tuple[Service, ...] = ()
     callbacks_decide_nan: bool = False
     record: dict[str, Any] | None = None
+    optimizers: dict[str, Any] | None = None
 
 
 def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
@@ -147,7 +151,7 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
             checkpointer = where.checkpointer()
             request = restore.RestoreRequest(
                 options, owner.model, plan, parts.record, check_verbose(call.verbose),
-                writes_record_file=where.chief, built_in_names=BUILT_IN_NAMES,
+                writes_record_file=where.chief, built_in_names=BUILT_IN_NAMES, optimizers=parts.optimizers,
             )  # fmt: skip
 
             def build_services(restored: restore.Restored) -> list[Service]:
@@ -283,7 +287,7 @@ def _add_model_dir_services(
     restored, data_mode, plan, timer = found.progress, found.data_mode, call.plan, parts.timer
     step = restored.global_step if restored is not None else 0
     if parts.record is not None:
-        services.append(RunRecordService(parts.record, owner.model))
+        services.append(RunRecordService(parts.record, owner.model, parts.optimizers))
     if data_mode is not None:
         services.append(DataCheckpointService(data_mode, plan.position))
     if chief and window is not None:

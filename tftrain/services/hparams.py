@@ -45,7 +45,7 @@ from tftrain.services.tensorboard import WriteGuard
 
 __all__ = ["HIDDEN_KEYS", "HParamsService", "hparams_of", "trial_id"]
 
-HIDDEN_KEYS = frozenset({"model.layers", "model.layer_names", "optimizer.variables"})
+HIDDEN_KEYS = frozenset({"model.layers", "model.layer_names", "model.layer_configs", "optimizer.variables"})
 """Record entries not shown as hyperparameters: the model's and optimizer's structure (checked at resume)."""
 
 
@@ -60,7 +60,7 @@ def hparams_of(record: Mapping[str, Any]) -> dict[str, bool | int | float | str]
     """
     values: dict[str, bool | int | float | str] = {}
     for key, value in sorted(record.items()):
-        if key in HIDDEN_KEYS or value is None:
+        if key in HIDDEN_KEYS or key.endswith(".variables") or value is None:
             continue
         values[key] = value if isinstance(value, bool | int | float | str) else json.dumps(value, sort_keys=True)
     return values

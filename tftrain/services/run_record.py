@@ -17,14 +17,17 @@ class RunRecordService(Service):
             with the changes a resume took already in it.
         model: The model trained: its layers and optimizer variables are
             read again at each save (a model may be built in its first step).
+        optimizers: The run's optimizers by their place in the record
+            (`tftrain.checkpoint.run_record.optimizers_of`); None: the model's alone.
     """
 
     name = RECORD_KEY
 
-    def __init__(self, record: Mapping[str, Any], model: Any):
+    def __init__(self, record: Mapping[str, Any], model: Any, optimizers: Mapping[str, Any] | None = None):
         self.record = dict(record)
         self.model = model
+        self.optimizers = optimizers
 
     def state_dict(self) -> dict[str, Any]:
-        self.record.update(built_fields(self.model))
+        self.record.update(built_fields(self.model, self.optimizers))
         return self.record
