@@ -9,6 +9,7 @@ import textwrap
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import io_ops
 
 # Engines every step must run under: name -> Trainer keyword arguments.
 ENGINES = {
@@ -237,3 +238,21 @@ class TensorBoardServer:
         )
         with urllib.request.urlopen(request, timeout=30) as answer:
             return json.loads(answer.read())
+
+
+NO_SPACE = "No space left on device"
+
+
+def fail_after_writing(monkeypatch, error=None):
+    """Makes each checkpoint write its shard's files (in `ckpt-N_temp/`), then fail as a full disk does.
+
+    TensorFlow's own `save_v2` writes; the error is raised where its `SaveV2`
+    op raises one, before the checkpoint is merged and recorded.
+    """
+    original = io_ops.save_v2
+
+    def save_v2(*args, **kwargs):
+        original(*args, **kwargs)
+        raise error or tf.errors.ResourceExhaustedError(None, None, NO_SPACE)
+
+    monkeypatch.setattr(io_ops, "save_v2", save_v2)

@@ -9,8 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import make_mlp
-from tensorflow.python.ops import io_ops
+from helpers import NO_SPACE, fail_after_writing, make_mlp
 
 import tftrain
 from tftrain.checkpoint import Checkpointer, Progress, files, training_state
@@ -18,22 +17,6 @@ from tftrain.errors import CheckpointWriteError
 
 X = np.random.RandomState(0).rand(16, 6).astype("float32")
 Y = np.random.RandomState(1).rand(16, 3).astype("float32")
-NO_SPACE = "No space left on device"
-
-
-def fail_after_writing(monkeypatch, error=None):
-    """Makes each checkpoint write its shard's files (in `ckpt-N_temp/`), then fail as a full disk does.
-
-    TensorFlow's own `save_v2` writes; the error is raised where its `SaveV2`
-    op raises one, before the checkpoint is merged and recorded.
-    """
-    original = io_ops.save_v2
-
-    def save_v2(*args, **kwargs):
-        original(*args, **kwargs)
-        raise error or tf.errors.ResourceExhaustedError(None, None, NO_SPACE)
-
-    monkeypatch.setattr(io_ops, "save_v2", save_v2)
 
 
 def trained_model():

@@ -1,12 +1,16 @@
 """`tf.summary` inside the training step, and the global step variable it writes at."""
 
+import contextlib
+import os
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import ENGINES, compile_args, make_mlp, read_run
+from helpers import ENGINES, compile_args, fail_after_writing, make_mlp, read_run
 
 import tftrain
+from tftrain.errors import CheckpointWriteError
 
 STEPS_PER_EPOCH = 5  # 20 examples in batches of 4
 
@@ -140,3 +144,33 @@ def test_global_step_starts_at_zero_in_each_fit_without_a_checkpoint():
 def test_global_step_is_not_part_of_checkpoint_state():
     trainer = tftrain.Trainer(make_mlp(), **compile_args())
     assert trainer.checkpoint_state() == {}
+
+
+def files_open_under(directory):
+    """The files under `directory` this process holds open (Linux's /proc/self/fd)."""
+    directory, found = str(directory), []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(directory):
+                found.append(target)
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open files through /proc/self/fd (Linux)")
+def test_no_file_under_model_dir_stays_open_after_fit_evaluate_predict_or_a_failed_save(tmp_path, monkeypatch):
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    trainer = SummaryTrainer(make_mlp(), "sgd", loss, model_dir=str(tmp_path), summary_every_steps=2)
+    trainer.fit(data(), epochs=1, validation_data=data(), verbose=0)
+    assert files_open_under(tmp_path) == []
+    trainer.evaluate(data(), verbose=0)
+    trainer.predict(data().map(lambda x, y: x), verbose=0)
+    assert files_open_under(tmp_path) == []
+    trainer.fit(data(), epochs=2, verbose=0)  # the next fit opens a new event file and records in it
+    assert steps_of(read_run(tmp_path / "train")["step_loss_inside"]) == [2, 4, 5, 6, 8, 10]
+    assert trainer.engines.runner("train").trace_counter.count == 1
+    assert files_open_under(tmp_path) == []
+    fail_after_writing(monkeypatch)
+    with pytest.raises(CheckpointWriteError):
+        trainer.fit(data(), epochs=3, verbose=0)
+    assert files_open_under(tmp_path) == []

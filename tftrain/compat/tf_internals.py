@@ -251,6 +251,32 @@ def stop_async_checkpoint(root: tf.train.Checkpoint) -> None:
         join()
 
 
+# ------------------------------------------------------------------ summary writers
+
+_SUMMARY = (
+    "closing the event file of the writer a traced training step captured, between `fit` calls "
+    "(`tf.summary` inside the step)"
+)
+
+
+def close_summary_file(writer: Any) -> None:
+    """Flushes and closes `writer`'s event file; the writer object stays usable by the steps traced with it.
+
+    `SummaryWriter.close` marks the Python object closed for good, but a
+    traced step holds the writer's resource: re-tracing at every `fit` only
+    to release a file is what this avoids. The resource's file is closed by
+    the op `close()` itself runs, and `reopen_summary_file` opens a new one.
+    """
+    close = _attribute("tensorflow.python.ops.gen_summary_ops", "close_summary_writer", _SUMMARY)
+    close(_method(writer, "_resource", _SUMMARY))
+
+
+def reopen_summary_file(writer: Any, logdir: str) -> None:
+    """Opens a new event file in `logdir` for `writer` after `close_summary_file`, with `create_file_writer`'s defaults."""
+    create = _attribute("tensorflow.python.ops.gen_summary_ops", "create_summary_file_writer", _SUMMARY)
+    create(_method(writer, "_resource", _SUMMARY), logdir=logdir, max_queue=10, flush_millis=120_000, filename_suffix=".v2")
+
+
 # ------------------------------------------------------------------ FLOP counting
 
 _FLOPS = "counting the FLOPs of a traced step (`Trainer(count_flops=True)`)"

@@ -3,7 +3,9 @@
 A traced step captures the default summary writer and the `record_if`
 condition when it is traced, so both (and the variables the condition reads)
 belong to the Trainer, made once and kept across its `fit` calls; a fit's
-`InStepSummaryService` only enters them while it runs.
+`InStepSummaryService` only enters them while it runs. The writer's event
+file is open only during a fit: closed when the fit ends (returns or
+raises), a new one opened by the next.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import tensorflow as tf
 
 from tftrain.checkpoint.layout import ModelDirLayout
+from tftrain.compat import tf_internals
 from tftrain.services.protocol import RunState, Service
 
 
@@ -30,11 +33,30 @@ class InStepSummaries:
     """
 
     def __init__(self, log_dir: str, global_step: tf.Variable, every_steps: int | None):
+        self.log_dir = ModelDirLayout(log_dir).train
         with tf.init_scope():
-            self.writer = tf.summary.create_file_writer(ModelDirLayout(log_dir).train)
+            self.writer = tf.summary.create_file_writer(self.log_dir)
             self.record_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="summary_record_at")
         self.global_step = global_step
         self.every_steps = every_steps
+        self._file_open = True
+
+    def open(self) -> None:
+        """Opens a new event file where the last fit closed its own."""
+        if not self._file_open:
+            with tf.init_scope():
+                tf_internals.reopen_summary_file(self.writer, self.log_dir)
+            self._file_open = True
+
+    def close(self) -> None:
+        """Writes what is pending and closes the event file (the writer serves the next fit)."""
+        if self._file_open:
+            self._file_open = False
+            with tf.init_scope():
+                try:
+                    self.writer.flush()
+                finally:
+                    tf_internals.close_summary_file(self.writer)
 
     def should_record(self) -> tf.Tensor:
         """Whether the current step records its summaries (read in the graph at each step)."""
@@ -58,6 +80,7 @@ class InStepSummaryService(Service):
         self.state = state
         self._record_at: int | None = None
         self._contexts = contextlib.ExitStack()
+        state.open()
         self._contexts.enter_context(state.writer.as_default(step=state.global_step))
         self._contexts.enter_context(tf.summary.record_if(state.should_record))
 
@@ -74,4 +97,4 @@ class InStepSummaryService(Service):
 
     def close(self) -> None:
         self._contexts.close()
-        self.state.writer.flush()
+        self.state.close()
