@@ -6,7 +6,8 @@ says so). The option dataclasses of `tftrain.options` use them, and so do
 the data, the engine, the services, the loops and the callbacks for the
 arguments they take. `tftrain.options` re-exports them.
 
-A bottom layer: imports nothing from tftrain.
+A bottom layer: imports nothing from tftrain but `tftrain.layout` (the
+directory a path resolves to).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from tftrain import layout
 
 __all__ = [
     "check_directory_path",
@@ -239,31 +242,34 @@ def check_directory_path(path: Any, argument: str) -> str:
     is checked when the run creates it).
 
     Returns:
-        `path` as a string.
+        The directory as `tftrain.layout.resolve` gives it: a local path made
+        absolute (the working directory read once, here), a remote one as given.
 
     Raises:
         TypeError: `path` is not a path.
-        ValueError: `path` is empty or a file, or it (or the directory it
-            would be created in) is not writable.
+        ValueError: `path` is empty or a file, it (or the directory it would
+            be created in) is not writable, or it holds a character TensorFlow's
+            checkpoints read as a file pattern (`tftrain.layout.resolve`).
     """
     if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
         raise TypeError(
             f"Invalid value for argument `{argument}`. Received: {argument}={path!r}. "
             "Expected a directory path (str or os.PathLike)."
         )
-    path = check_path_not_empty(path, argument)
+    given = check_path_not_empty(path, argument)
+    path = layout.resolve(given, argument)
     if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
         raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which is a "
+            f"Invalid value for argument `{argument}`. Received: {argument}={given!r}, which is a "
             "file. Expected a directory (it is created if missing)."
         )
     if "://" not in path:
-        existing = os.path.abspath(path)
+        existing = path
         while not os.path.exists(existing):
             existing = os.path.dirname(existing)
         if not os.access(existing, os.W_OK | os.X_OK):
             raise ValueError(
-                f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, which "
+                f"Invalid value for argument `{argument}`. Received: {argument}={given!r}, which "
                 f"cannot be written ({existing} is not writable). Expected a writable directory."
             )
     return path

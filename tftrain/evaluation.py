@@ -23,17 +23,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain import arguments, summaries
+from tftrain import arguments, layout, summaries
 from tftrain.arguments import check_int
 from tftrain.checkpoint import CheckpointError, IncompatibleCheckpointError, restore_model
-from tftrain.checkpoint.layout import EVAL_RUN, LOCK_NAME, ModelDirLayout
 from tftrain.checkpoint.validation import VARIABLE_SUFFIX
 from tftrain.checkpoint.writer_lock import live_writer
 from tftrain.errors import EvaluationTimeoutError
+from tftrain.layout import EVAL_RUN, LOCK_NAME, RESULTS_FILE, ModelDirLayout
 
 __all__ = ["EVAL_RUN", "RESULTS_FILE", "EvaluationTimeoutError", "evaluate_continuously", "read_results"]
 
-RESULTS_FILE = "results.json"
 _GLOBAL_STEP_KEY = "progress/global_step" + VARIABLE_SUFFIX
 _LOGGER = logging.getLogger("tftrain")
 
@@ -50,7 +49,7 @@ def read_results(model_dir: str) -> dict[int, dict[str, float]]:
     Raises:
         ValueError: `model_dir/eval/results.json` exists but is not such a file.
     """
-    path = os.path.join(ModelDirLayout(os.fspath(model_dir)).evaluation, RESULTS_FILE)
+    path = ModelDirLayout(os.fspath(model_dir)).results
     if not tf.io.gfile.exists(path):
         return {}
     with tf.io.gfile.GFile(path) as handle:
@@ -228,10 +227,11 @@ def _check_arguments(
             "`model_dir`. Expected the directory of the training run to evaluate "
             "(`Trainer(..., model_dir=...)` or `model_dir=...`)."
         )
-    model_dir = arguments.check_path_not_empty(model_dir, "model_dir")
+    given = arguments.check_path_not_empty(model_dir, "model_dir")
+    model_dir = layout.resolve(given, "model_dir")  # once: the evaluation reads and writes there throughout
     if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
         raise ValueError(
-            f"Invalid value for argument `model_dir`. Received: model_dir={model_dir!r}, a file. "
+            f"Invalid value for argument `model_dir`. Received: model_dir={given!r}, a file. "
             "Expected the directory of a training run (`Trainer(..., model_dir=...)`)."
         )
     return model_dir
@@ -310,9 +310,9 @@ def _evaluate(
 
 def _write_results(model_dir: str, results: dict[int, dict[str, float]]) -> None:
     """Writes results.json atomically: a reader (or a restarted evaluator) sees the old or the new file."""
-    directory = ModelDirLayout(model_dir).evaluation
-    tf.io.gfile.makedirs(directory)
-    path = os.path.join(directory, RESULTS_FILE)
+    paths = ModelDirLayout(model_dir)
+    tf.io.gfile.makedirs(paths.evaluation)
+    path = paths.results
     temporary = f"{path}.tmp.{os.getpid()}"
     with tf.io.gfile.GFile(temporary, "w") as handle:
         handle.write(json.dumps({str(step): logs for step, logs in sorted(results.items())}, indent=1))

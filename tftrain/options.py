@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tftrain import layout
 from tftrain.arguments import (
     check_directory_path,
     check_every_steps,
@@ -185,7 +186,9 @@ class RunOptions:
             TensorBoard event files (`model_dir/train`, `model_dir/validation`).
             `fit` on a `model_dir` that holds a checkpoint resumes from it and
             trains up to the same target, so rerunning a killed command
-            finishes the job.
+            finishes the job. A local path is made absolute here, once (a
+            later `os.chdir` does not move the run); a path holding `*`, `?`,
+            `[` or a backslash is refused (`tftrain.layout.resolve`).
         checkpoint_every_steps: Also save every this many training steps
             (None: only at epoch ends). Needs `model_dir`.
         max_to_keep: Checkpoints kept in `model_dir` (another value than 5 needs `model_dir`).
@@ -357,7 +360,8 @@ class RunOptions:
                     "Expected a checkpoint path (e.g. 'run1/checkpoints/ckpt-3000') or a directory of "
                     "checkpoints."
                 )
-            object.__setattr__(self, "resume_from", os.fspath(self.resume_from))
+            resume_from = layout.resolve(os.fspath(self.resume_from), "resume_from")  # a checkpoint or a directory
+            object.__setattr__(self, "resume_from", resume_from)
 
 
 def check_hparams(hparams: Any) -> types.MappingProxyType:

@@ -12,7 +12,6 @@ its trace opens in TensorBoard's profile tab.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,9 +20,7 @@ import tensorflow as tf
 
 # `check_every_steps` and `check_profile_steps` live in `tftrain.arguments`; they stay importable here.
 from tftrain.arguments import check_every_steps, check_profile_steps  # noqa: F401
-
-TRAIN_RUN = "train"
-VALIDATION_RUN = "validation"
+from tftrain.layout import TRAIN_RUN, VALIDATION_RUN, ModelDirLayout
 
 
 def learning_rate_of(optimizer: Any) -> float | None:
@@ -77,7 +74,7 @@ class TrainingSummaries:
         """The `tf.summary` writer of a run (`"train"` or `"validation"`), created on first use."""
         if run not in self._writers:
             with tf.init_scope():
-                self._writers[run] = tf.summary.create_file_writer(os.path.join(self.log_dir, run))
+                self._writers[run] = tf.summary.create_file_writer(ModelDirLayout(self.log_dir).events(run))
         return self._writers[run]
 
     def write(self, run: str, step: int, values: Mapping[str, float]) -> None:

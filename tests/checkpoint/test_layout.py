@@ -1,4 +1,5 @@
-"""The model_dir: every path built in one place, an empty one refused, one that changes under a run stops it."""
+"""The model_dir: every path built in one place from the directory resolved once, an empty one or a
+pattern refused, one that changes under a run stops it."""
 
 import json
 import os
@@ -26,7 +27,79 @@ def test_every_path_is_joined_under_the_model_dir():
     assert layout.evaluation == os.path.join("runs/exp1", "eval")
     assert layout.lock == os.path.join("runs/exp1", LOCK_NAME)
     assert layout.worker("worker_1") == os.path.join("runs/exp1", "workers", "worker_1")
+    assert layout.run_record == os.path.join("runs/exp1", "run_record.json")
+    assert layout.results == os.path.join("runs/exp1", "eval", "results.json")
     assert ModelDirLayout("runs/exp1/").checkpoints == "runs/exp1/checkpoints"  # no "//"
+
+
+def test_a_model_dir_is_resolved_once_a_remote_one_kept(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert tftrain.layout.resolve("runs/exp1/") == str(tmp_path / "runs" / "exp1")
+    assert tftrain.layout.resolve("gs://bucket/run") == "gs://bucket/run"
+    trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir="runs/exp1")
+    assert trainer.model_dir == str(tmp_path / "runs" / "exp1")
+    assert not (tmp_path / "runs").exists()  # nothing created before a run starts
+
+
+class ChangeDirectory(keras.callbacks.Callback):
+    """`os.chdir(to)` after the second training batch, as a user's callback might."""
+
+    def __init__(self, to):
+        super().__init__()
+        self.to = to
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            os.chdir(self.to)
+
+
+def test_a_working_directory_changed_mid_run_leaves_the_run_where_it_started(tmp_path, monkeypatch):
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir(), elsewhere.mkdir()
+    monkeypatch.chdir(home)
+    trainer = tftrain.Trainer(
+        make_mlp(), optimizer="sgd", loss="mse", model_dir="run", checkpoint_every_steps=1
+    )
+    trainer.fit(X, Y, batch_size=4, epochs=2, verbose=0, callbacks=[ChangeDirectory(elsewhere)])
+    assert os.getcwd() == str(elsewhere) and os.listdir(elsewhere) == []
+    assert "ckpt-8.index" in os.listdir(home / "run" / "checkpoints")
+    assert not (home / "run" / LOCK_NAME).exists()  # released
+
+    os.chdir(home)
+    batches = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
+    seen = []
+    resumed = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir="run")
+    resumed.fit(X, Y, batch_size=4, epochs=3, verbose=0, callbacks=[batches])
+    assert int(resumed.global_step) == 12 and seen == [0, 1, 2, 3]  # the third epoch only
+
+
+@pytest.mark.parametrize("name", ["run[1]", "run*", "run?"])
+def test_a_model_dir_tensorflow_would_read_as_a_pattern_is_refused_when_the_trainer_is_made(tmp_path, name):
+    # TensorFlow finds checkpoints by pattern: under run[1] none is found at resume (read as damaged); under
+    # run* or run? rotating old checkpoints deletes another directory's the pattern matches.
+    character = name[3]
+    with pytest.raises(ValueError, match=rf"Received: model_dir='.*', which holds '\{character}'"):
+        tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir=str(tmp_path / name))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_pattern_in_the_model_dir_is_refused_by_the_evaluator_and_the_callbacks_too(tmp_path, monkeypatch):
+    trainer = tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse")
+    with pytest.raises(
+        ValueError, match=r"Received: model_dir='run\[1\]' \(resolved to '.*'\), which holds '\['"
+    ):
+        tftrain.evaluation.evaluate_continuously(trainer, X, Y, model_dir="run[1]", timeout_s=1)
+    with pytest.raises(ValueError, match=r"which holds '\['"):
+        tftrain.callbacks.standard_callbacks(str(tmp_path / "run[1]"))
+    with pytest.raises(
+        ValueError, match=r"argument `resume_from`. Received: resume_from='.*', which holds '\['"
+    ):
+        tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir=str(tmp_path / "new"),
+                        resume_from=str(tmp_path / "old[1]" / "checkpoints"))  # fmt: skip
+    (tmp_path / "in[1]").mkdir()
+    monkeypatch.chdir(tmp_path / "in[1]")  # a relative model_dir resolves under the working directory
+    with pytest.raises(ValueError, match=r"Received: model_dir='run' \(resolved to '.*in\[1\]/run'\)"):
+        tftrain.Trainer(make_mlp(), optimizer="sgd", loss="mse", model_dir="run")
 
 
 @pytest.mark.parametrize("model_dir", ["", b""])

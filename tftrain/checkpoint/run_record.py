@@ -35,7 +35,6 @@ import inspect
 import json
 import logging
 import math
-import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -45,6 +44,7 @@ import tensorflow as tf
 
 from tftrain.errors import RunChangedError
 from tftrain.fit_inputs.epoch_order import examples_in
+from tftrain.layout import RECORD_FILE, ModelDirLayout  # noqa: F401 (RECORD_FILE stays importable here)
 
 __all__ = [
     "COMMAND_LINE",
@@ -77,9 +77,6 @@ a rerun's command line differs in form (a flag's order, a flagfile's path), and 
 
 OPTIMIZERS_PREFIX = "optimizers."
 """Where a Trainer's other optimizers are (a GAN's discriminator's): `optimizers.<attribute>`, as the model's is `optimizer`."""
-
-RECORD_FILE = "run_record.json"
-"""The readable copy in `model_dir` (the newest run's record and every change taken)."""
 
 TAKEN, REFUSED, DATA, CONVERTED, NEXT_EPOCH = "taken", "refused", "data", "converted", "next_epoch"
 
@@ -658,7 +655,7 @@ def write_file(directory: str, record: Mapping[str, Any], comparison: Comparison
     Returns:
         The file's path.
     """
-    path = os.path.join(directory, RECORD_FILE)
+    path = ModelDirLayout(directory).run_record
     changes: list[dict[str, Any]] = []
     if tf.io.gfile.exists(path):
         try:
