@@ -28,7 +28,8 @@ TRIALS = 40
 
 # Runs in both processes: take `directory`'s lock together with the other process. A process
 # can be preempted between any two system calls: each filesystem call here is followed, at
-# random, by a pause of up to 0.2 ms (seeded per trial), so every interleaving gets its turn.
+# random, by a pause of up to 0.2 ms (seeded per trial), so that interleavings a quiet machine
+# rarely shows come up within a few trials (the lost race: 1 trial in 3 to 6).
 CONTEND = """
 import builtins, contextlib, functools, os, random, time, warnings
 from tftrain.checkpoint.writer_lock import WriterLock
@@ -86,7 +87,7 @@ for line in sys.stdin:
 )
 
 _namespace = {}
-exec(CONTEND, _namespace)
+exec(CONTEND, _namespace)  # the same code, in this process
 contend = _namespace["contend"]
 
 
