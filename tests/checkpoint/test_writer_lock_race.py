@@ -29,7 +29,7 @@ TRIALS = 40
 # Runs in both processes: take `directory`'s lock together with the other process. A process
 # can be preempted between any two system calls: each filesystem call here is followed, at
 # random, by a pause of up to 0.2 ms (seeded per trial), so that interleavings a quiet machine
-# rarely shows come up within a few trials (the lost race: 1 trial in 3 to 6).
+# rarely shows come up within a few trials (a lock taken in non-atomic steps is then held by both in 1 trial in 3 to 6).
 CONTEND = """
 import builtins, contextlib, functools, os, random, time, warnings
 from tftrain.checkpoint.writer_lock import WriterLock
