@@ -16,6 +16,7 @@ from helpers import make_mlp
 
 import tftrain
 from tftrain import checkpoint as checkpoint_lib
+from tftrain.checkpoint import writer_lock
 from tftrain.checkpoint.writer_lock import LOCK_NAME, WriterLock, _process_start
 
 
@@ -138,3 +139,51 @@ def test_a_lock_of_this_process_that_nothing_holds_is_taken_over(tmp_path):
     with pytest.warns(UserWarning, match="an earlier run of this process left it"):
         WriterLock(str(tmp_path)).close()
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_lock_being_written_is_not_taken_over_until_it_is_old(tmp_path):
+    (tmp_path / LOCK_NAME).write_text("")  # an exclusive create, not yet written (a filesystem without links)
+    with pytest.raises(checkpoint_lib.ModelDirInUseError, match="is being written"):
+        WriterLock(str(tmp_path))
+    assert (tmp_path / LOCK_NAME).read_text() == ""
+    old = time.time() - 60
+    os.utime(tmp_path / LOCK_NAME, (old, old))  # never written: its writer was killed
+    with pytest.warns(UserWarning, match="its writer could not be read"):
+        WriterLock(str(tmp_path)).close()
+
+
+def test_a_filesystem_without_hard_links_gets_the_lock_by_exclusive_create(tmp_path, monkeypatch):
+    def no_links(source, target):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    lock = WriterLock(str(tmp_path))
+    assert os.listdir(tmp_path) == [LOCK_NAME]  # the temporary file is gone
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.close()
+
+
+def test_a_takeover_of_a_stale_lock_by_a_live_process_refuses_the_others(tmp_path, live_process, monkeypatch):
+    monkeypatch.setattr(writer_lock, "_TAKEOVER_WAIT_S", 0.05)
+    write_lock(tmp_path, pid=os.getppid(), process_start="1")  # stale
+    claim = {"host": socket.gethostname(), "pid": live_process.pid, "since": time.time()}
+    (tmp_path / (LOCK_NAME + writer_lock.TAKEOVER_SUFFIX)).write_text(
+        json.dumps({**claim, "process_start": _process_start(live_process.pid)})
+    )
+    with pytest.raises(checkpoint_lib.ModelDirInUseError, match=f"process {live_process.pid}, since"):
+        WriterLock(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME, LOCK_NAME + writer_lock.TAKEOVER_SUFFIX]
+
+
+def test_a_takeover_left_by_a_killed_process_is_cleared_and_the_stale_lock_taken_over(tmp_path, live_process):
+    write_lock(tmp_path, pid=os.getppid(), process_start="1")  # stale
+    claim = {"host": socket.gethostname(), "pid": live_process.pid, "since": time.time()}
+    (tmp_path / (LOCK_NAME + writer_lock.TAKEOVER_SUFFIX)).write_text(
+        json.dumps({**claim, "process_start": _process_start(live_process.pid)})
+    )
+    live_process.kill()
+    live_process.wait()
+    with pytest.warns(UserWarning, match="Taking over"):
+        lock = WriterLock(str(tmp_path))
+    assert os.listdir(tmp_path) == [LOCK_NAME]
+    lock.close()

@@ -12,6 +12,17 @@ checked directly (its id and start time, which tell a reused id apart); from
 another host only the heartbeat can tell, and a lock not refreshed for
 `stale_after_s` is stale.
 
+Taking the lock is atomic on a local filesystem (or one with POSIX links, as
+NFS): of processes taking it at once, exactly one holds it and the others are
+refused, leaving nothing in the directory. The lock file appears
+whole (written under a temporary name, then linked into place: a link never
+replaces an existing file), and a stale lock is taken over by one process
+only (it first claims `writer.lock.takeover` the same way; the others wait
+for the takeover to end and are refused by the new lock). A remote
+filesystem (`gs://`, `s3://`) has no such step: the lock is written only
+where none exists, then read back, which refuses a second writer started
+after the first but not one started within the same moment.
+
 A held lock also tells its writer that the directory is still its own
 (`WriterLock.check`, before each checkpoint): a `model_dir` removed, or a lock
 file removed or taken over by another writer, stops the run with
@@ -20,6 +31,7 @@ file removed or taken over by another writer, stops the run with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -40,6 +52,7 @@ __all__ = [
     "HEARTBEAT_S",
     "LOCK_NAME",
     "STALE_AFTER_S",
+    "TAKEOVER_SUFFIX",
     "WriterLock",
     "check_writer",
     "live_writer",
@@ -48,6 +61,9 @@ __all__ = [
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0
+TAKEOVER_SUFFIX = ".takeover"  # `writer.lock.takeover`: the one process taking over a stale lock
+_TAKEOVER_WAIT_S = 5.0  # how long a process waits for another's takeover to end (it takes milliseconds)
+_UNREADABLE_GRACE_S = 10.0  # an unreadable lock younger than this may still be being written: live
 
 
 def _process_start(pid: int) -> str | None:
@@ -70,15 +86,42 @@ def _alive(pid: int, start: str | None) -> bool:
     return start is None or _process_start(pid) in (None, start)
 
 
+def _read_text(path: str) -> str | None:
+    """The file's text; None if there is no such file."""
+    try:
+        with tf.io.gfile.GFile(path) as handle:
+            return handle.read()
+    except tf.errors.NotFoundError:
+        return None
+
+
+def _parse(text: str | None) -> dict[str, Any] | None:
+    """A lock record from its text; None if there is no lock, `{}` if it cannot be read."""
+    if text is None:
+        return None
+    try:
+        record = json.loads(text or "{}")
+    except ValueError:
+        return {}  # unreadable: a writer killed while writing it
+    return record if isinstance(record, dict) else {}
+
+
 def _read_lock(path: str) -> dict[str, Any] | None:
     """The lock's record; None if there is no lock, `{}` if it cannot be read."""
     try:
-        with tf.io.gfile.GFile(path) as handle:
-            return json.loads(handle.read() or "{}")
-    except tf.errors.NotFoundError:
+        return _parse(_read_text(path))
+    except tf.errors.OpError:
+        return {}
+
+
+def _age(path: str) -> float | None:
+    """Seconds since `path` was last written; None if it is gone."""
+    try:
+        if "://" in path:
+            return time.time() - tf.io.gfile.stat(path).mtime_nsec / 1e9
+        return time.time() - os.stat(path).st_mtime
+    except (OSError, tf.errors.NotFoundError):
         return None
-    except (ValueError, tf.errors.OpError):
-        return {}  # unreadable: a writer killed while writing it
 
 
 def _holder_alive(holder: dict[str, Any], stale_after_s: float) -> bool:
@@ -199,26 +242,88 @@ class WriterLock:
         other = _HELD.get(self._key)
         if other is not None:  # another Trainer or thread of this process writes there
             raise self._in_use(other._read() or {"since": other._since}, this_process=True)
-        for _ in range(3):  # another process may create or take over the lock between our steps
-            holder = self._read()
-            if holder is not None:
-                if holder and not self._stale(holder):
-                    raise self._in_use(holder)
-                if holder:
+        deadline = time.monotonic() + _TAKEOVER_WAIT_S
+        while True:  # another process may create or take over the lock between our steps: judge it anew
+            text = _read_text(self.path)
+            holder = _parse(text)
+            if holder is None:
+                if self._create():
+                    return
+                waiting = False
+            elif not holder and (_age(self.path) or 0.0) < _UNREADABLE_GRACE_S:
+                raise self._in_use({})  # being written, or its writer was killed a moment ago
+            elif holder and not self._stale(holder):
+                raise self._in_use(holder)
+            else:
+                taken = self._take_over(text or "")
+                if taken:
                     writer = (
-                        "an earlier run of this process left it, never released"
+                        "its writer could not be read"
+                        if not holder
+                        else "an earlier run of this process left it, never released"
                         if _ours(holder)
                         else f"its writer ({holder.get('host')} process {holder.get('pid')}) is gone"
                     )
                     warnings.warn(f"Taking over {self.path}: {writer}.", stacklevel=5)
-                try:
-                    tf.io.gfile.remove(self.path)
-                except tf.errors.NotFoundError:
-                    pass
-            if self._create():
-                self._owned = True
+                    return
+                waiting = taken is None  # another process is taking it over: its lock will refuse us
+            if time.monotonic() > deadline:
+                raise self._in_use(
+                    (_read_lock(self.path + TAKEOVER_SUFFIX) if waiting else self._read()) or {}
+                )
+            if waiting:
+                time.sleep(0.001)
+
+    def _take_over(self, stale: str) -> bool | None:
+        """Replaces the stale lock whose text is `stale`, if this process is the one to.
+
+        Only the process holding the claim `writer.lock.takeover` (created as
+        the lock is) removes a stale lock, and only the lock it read.
+
+        Returns:
+            True: the lock is this one's now. False: the lock changed, or
+            another process created one: judge it anew. None: another
+            process is taking it over now.
+        """
+        claim = self.path + TAKEOVER_SUFFIX
+        if not self._place(claim, json.dumps(self._record(time.time()))):
+            self._clear_abandoned(claim)
+            return None
+        try:
+            if _read_text(self.path) != stale:
+                return False  # replaced since it was read (or removed): not the stale lock
+            with contextlib.suppress(tf.errors.NotFoundError):
+                tf.io.gfile.remove(self.path)
+            return self._create()
+        finally:
+            if (_read_lock(claim) or {}).get("token") == self._token:
+                tf.io.gfile.remove(claim)
+
+    def _clear_abandoned(self, claim: str) -> None:
+        """Removes a takeover claim whose process is gone (killed while taking over), and only that one."""
+        text = _read_text(claim)
+        record = _parse(text)
+        if record is None or (not record and (_age(claim) or 0.0) < _UNREADABLE_GRACE_S):
+            return
+        if record and not _ours(record):
+            if record.get("host") == socket.gethostname():
+                if _alive(int(record.get("pid", -1)), record.get("process_start")):
+                    return
+            elif time.time() - float(record.get("since", 0)) <= HEARTBEAT_S:
                 return
-        raise self._in_use(self._read() or {})
+        if "://" in claim:  # no atomic step: the claim is only ever seconds old when two processes meet here
+            with contextlib.suppress(tf.errors.NotFoundError):
+                tf.io.gfile.remove(claim)
+            return
+        aside = f"{claim}.{self._token}"
+        try:
+            os.rename(claim, aside)
+        except FileNotFoundError:
+            return
+        if _read_text(aside) != text:  # another process's new claim: put it back
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, claim)
+        os.remove(aside)
 
     def _in_use(self, holder: dict[str, Any], *, this_process: bool = False) -> ModelDirInUseError:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
@@ -229,6 +334,13 @@ class WriterLock:
                 "model_dir would interleave their checkpoints. Expected one writer: let that `fit` "
                 "end first, or use another model_dir."
             )
+        if not holder:
+            return ModelDirInUseError(
+                f"Another process is writing to this model_dir: its lock {self.path} is being written "
+                "(or its writer was killed a moment ago). Two runs on one model_dir would interleave "
+                "their checkpoints. Expected one writer: wait for it to end, stop it, or use another "
+                f"model_dir. A lock that cannot be read is taken over once it is {_UNREADABLE_GRACE_S:.0f} s old."
+            )
         return ModelDirInUseError(
             f"Another process is writing to this model_dir: {holder.get('host')} process "
             f"{holder.get('pid')}, since {since} (its lock: {self.path}). Two runs on one model_dir "
@@ -238,24 +350,41 @@ class WriterLock:
         )
 
     def _create(self) -> bool:
-        """Creates the lock if it does not exist (atomically on a local filesystem); whether we did."""
+        """Creates the lock, whole, unless one exists; whether it did."""
         since = time.time()
-        text = json.dumps(self._record(since))
-        if "://" in self.path:  # remote filesystems have no exclusive create: write and read back
-            with tf.io.gfile.GFile(self.path, "w") as handle:
+        created = self._place(self.path, json.dumps(self._record(since)))
+        if created:
+            self._since = since
+            self._last_heartbeat = time.monotonic()
+            self._owned = True
+        return created
+
+    def _place(self, path: str, text: str) -> bool:
+        """Writes `text` to `path` in one step unless `path` exists; whether it did."""
+        if "://" in path:  # remote filesystems have no exclusive create: write where none is, read back
+            if tf.io.gfile.exists(path):
+                return False
+            with tf.io.gfile.GFile(path, "w") as handle:
                 handle.write(text)
-            created = self._read() == json.loads(text)
-        else:
+            return _read_text(path) == text
+        temporary = f"{path}.{self._token}.tmp"
+        with open(temporary, "x") as handle:
+            handle.write(text)
+        try:
+            os.link(temporary, path)  # whole, and never over an existing file
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links: create exclusively, then write
             try:
-                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
             with os.fdopen(descriptor, "w") as handle:
                 handle.write(text)
-            created = True
-        self._since = since
-        self._last_heartbeat = time.monotonic()
-        return created
+            return True
+        finally:
+            os.remove(temporary)
 
     def _write(self, since: float) -> None:
         temporary = f"{self.path}.tmp.{os.getpid()}"
