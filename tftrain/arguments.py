@@ -271,8 +271,20 @@ def check_directory_path(path: Any, argument: str) -> str:
             raise ValueError(
                 f"Invalid value for argument `{argument}`. Received: {argument}={given!r}, which "
                 f"cannot be written ({existing} is not writable). Expected a writable directory."
+                + _readable_checkpoint(path)
             )
     return path
+
+
+def _readable_checkpoint(directory: str) -> str:
+    """Where a directory that cannot be written holds a checkpoint: how to train on from it elsewhere."""
+    newest = tf.train.latest_checkpoint(layout.ModelDirLayout(directory).checkpoints) if os.path.isdir(directory) else None
+    if newest is None:
+        return ""
+    return (
+        f" Its newest checkpoint, {newest}, can still be read: to train on from it, pass "
+        f"`resume_from={newest!r}` with a writable `model_dir`."
+    )
 
 
 def check_left_at_default(options: Any, names: tuple[str, ...], *, received: str, expected: str) -> None:

@@ -194,6 +194,29 @@ def lost_directory_error(directory: str, what: str, kept: str | None) -> ModelDi
     )
 
 
+def unwritable_error(layout: ModelDirLayout, what: str, error: Exception) -> ModelDirError:
+    """The error that stops a run whose `model_dir` can no longer be written (read-only, full), as a failed save says it.
+
+    Args:
+        layout: The run's directory.
+        what: What failed, e.g. "refreshing its writer lock ...".
+        error: The error it met.
+    """
+    kept = files.last_kept(layout.checkpoints)
+    resume = (
+        f"The last checkpoint written, {kept}, is intact and kept: rerunning `fit` on the same model_dir "
+        "resumes from it."
+        if kept is not None
+        else "No checkpoint was written before it: a rerun on the same model_dir starts from the beginning."
+    )
+    return ModelDirError(
+        f"Could not write to {layout.root}: {what} failed: {files.error_line(error)}. {resume} Expected write "
+        f"permission and room in {layout.root}: make it writable again (or free space), then rerun.",
+        directory=layout.root,
+        kept=kept,
+    )
+
+
 class WriterLock:
     """Holds `model_dir/writer.lock` until `close` (a run holds it while it lasts; `refresh` keeps it live).
 
@@ -424,16 +447,32 @@ class WriterLock:
         """
         if time.monotonic() - self._last_heartbeat > HEARTBEAT_S:
             self.check()
-            self._write(self._since)
+            try:
+                self._write(self._since)
+            except (tf.errors.OpError, OSError) as error:  # e.g. the directory made read-only under the run
+                raise unwritable_error(self.layout, f"refreshing its writer lock {self.path}", error) from error
 
     def close(self) -> None:
-        """Releases the lock: removes the file if it is still this lock's (never another writer's)."""
+        """Releases the lock: removes the file if it is still this lock's (never another writer's).
+
+        A lock that cannot be removed (the directory made read-only) is
+        warned of and left: it names this process, so once the process has
+        ended the next run takes it over as stale.
+        """
         with _HELD_CHANGE:
-            if self._owned and (self._read() or {}).get("token") == self._token:
-                tf.io.gfile.remove(self.path)
-            self._owned = False
-            if _HELD.get(self._key) is self:
-                del _HELD[self._key]
+            try:
+                if self._owned and (self._read() or {}).get("token") == self._token:
+                    tf.io.gfile.remove(self.path)
+            except (tf.errors.OpError, OSError) as error:
+                warnings.warn(
+                    f"Could not remove the writer lock {self.path} ({files.error_line(error)}). It names this "
+                    "process: once the process has ended, the next run on this model_dir takes it over as stale.",
+                    stacklevel=2,
+                )
+            finally:
+                self._owned = False
+                if _HELD.get(self._key) is self:
+                    del _HELD[self._key]
 
 
 def _ours(holder: dict[str, Any]) -> bool:

@@ -11,6 +11,8 @@ memory and rolls back to it (`keep_state`, `roll_back`).
 from __future__ import annotations
 
 import dataclasses
+import sys
+import warnings
 from typing import Any
 
 from tftrain import checkpoint as checkpoint_lib
@@ -289,12 +291,23 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
 
 
 def close_all(services: list[Service]) -> None:
-    """Closes each service, all of them even if one raises; then raises the first error, if any."""
+    """Closes each service, all of them even if one raises; then raises the first error, if any.
+
+    Where the run is ending on an error already (closed from its `finally`),
+    a service's error in closing is warned of and never hides the run's own.
+    """
     first_error: BaseException | None = None
     for service in services:
         try:
             service.close()
         except BaseException as error:  # the signal handlers and the writer lock must still go
             first_error = first_error or error
-    if first_error is not None:
+    if first_error is None:
+        return
+    if sys.exc_info()[1] is None:
         raise first_error
+    warnings.warn(
+        f"Closing the run's services failed too ({type(first_error).__name__}: {first_error}); "
+        "the run's own error follows.",
+        stacklevel=3,
+    )
