@@ -59,7 +59,7 @@ def test_parsed_flags_make_a_trainer_with_those_options(tmp_path):
     assert trainer.options.steps_per_loop == 4 and trainer.options.jit_compile is False
     assert trainer.run_options.model_dir == str(tmp_path) and trainer.run_options.profile_steps == (2, 3)
     assert set(trainer.run_options.preemption_signals) == {2, 15}
-    assert trainer.recovery.rollback_lr_factor == 0.5 and trainer.ema_decay == 0.9
+    assert trainer.nonfinite_policy.rollback_lr_factor == 0.5 and trainer.ema_decay == 0.9
     assert flags.fit_kwargs(flag_values=values)["epochs"] == 2
     assert flags.trainer_kwargs(flag_values=parsed("--jit_compile=auto"))["jit_compile"] == "auto"
 

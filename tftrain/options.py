@@ -13,6 +13,7 @@ A bottom layer: imports only `tftrain.arguments`, `tftrain.compat` and `tftrain.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import types
@@ -39,7 +40,9 @@ from tftrain.arguments import (
 from tftrain.compat import tf_internals
 
 __all__ = [
+    "UNTESTED",
     "EngineOptions",
+    "NonFinitePolicy",
     "RunOptions",
     "check_engine_options",
     "check_hparams",
@@ -362,6 +365,147 @@ class RunOptions:
                 )
             resume_from = layout.resolve(os.fspath(self.resume_from), "resume_from")  # a checkpoint or a directory
             object.__setattr__(self, "resume_from", resume_from)
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinitePolicy:
+    """What a loss blow-up does in a `fit` call: the one object the engine and the services read.
+
+    A blow-up is a training step whose loss (`loss` or `*_loss`) is NaN or
+    infinite, or above `loss_spike_threshold`. The `Trainer` makes one from
+    its options (`terminate_on_nan`, `on_nonfinite`, `loss_spike_threshold`,
+    `max_rollbacks`, `rollback_lr_factor`); each `fit` call takes it with its
+    callbacks (`with_callbacks`).
+
+    Attributes:
+        terminate_on_nan: Test each training step's loss (`RunOptions.terminate_on_nan`).
+        on_nonfinite: `"stop"`: raise `NonFiniteLossError` at the first
+            blow-up (the NaN guard). `"rollback"`: restore the newest good
+            state kept in memory and go on past the batches that caused it
+            (needs `model_dir`, whose checkpoints record the rollbacks).
+        loss_spike_threshold: A loss log above this is a blow-up too (None:
+            NaN and infinity only). It is tested on the step's logs, as
+            `fit` reports them: for a compiled Keras model the `loss` log is
+            the epoch's running mean, a custom `train_step` reports what it
+            returns.
+        max_rollbacks: Rollbacks allowed in a run (the count is saved in
+            checkpoints); the next blow-up raises `NonFiniteLossError`.
+        rollback_lr_factor: After each rollback, multiply the optimizer's
+            learning rate by this (1.0: leave it). Needs a float learning
+            rate, not a schedule. The scaled rate is saved with the next
+            checkpoint, so a resume continues with it.
+        keep_every_steps: Global steps between the states kept in memory for
+            a rollback (a blow-up throws away at most this many steps). The
+            `Trainer` derives it from `steps_per_loop`
+            (`tftrain.services.loss_recovery.keep_every_steps_for`).
+        callbacks_decide: The call's callbacks hold Keras's `TerminateOnNaN`,
+            which decides (as under `model.fit`): training calls run past a
+            non-finite loss and flag it, the NaN guard raises nothing, and no
+            checkpoint is written from the first non-finite step on.
+
+    Raises:
+        ValueError, TypeError: a bad value, or a combination that cannot work
+            (`max_rollbacks` or `rollback_lr_factor` other than the default
+            with `"stop"`; `"rollback"` or a spike threshold with
+            `terminate_on_nan=False` or with callbacks that decide).
+    """
+
+    terminate_on_nan: bool = True
+    on_nonfinite: str = "stop"
+    loss_spike_threshold: float | None = None
+    max_rollbacks: int = 3
+    rollback_lr_factor: float = 1.0
+    keep_every_steps: int = 1
+    callbacks_decide: bool = False
+
+    def __post_init__(self):
+        if self.on_nonfinite not in ("stop", "rollback"):
+            raise ValueError(
+                f"Invalid value for argument `on_nonfinite`. Received: on_nonfinite={self.on_nonfinite!r}. "
+                "Expected 'stop' (raise NonFiniteLossError) or 'rollback' (restore the last good "
+                "state and go on)."
+            )
+        threshold = self.loss_spike_threshold
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, int | float) or not math.isfinite(threshold)
+        ):
+            raise ValueError(
+                "Invalid value for argument `loss_spike_threshold`. Received: "
+                f"loss_spike_threshold={threshold!r}. Expected a finite number (a loss above it is a "
+                "blow-up), or None."
+            )
+        check_int("max_rollbacks", self.max_rollbacks, minimum=0)
+        factor = self.rollback_lr_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+            raise ValueError(
+                "Invalid value for argument `rollback_lr_factor`. Received: "
+                f"rollback_lr_factor={factor!r}. Expected a number in (0, 1]: the learning rate is "
+                "multiplied by it after each rollback (1.0 leaves it)."
+            )
+        check_int("keep_every_steps", self.keep_every_steps)
+        if not self.rollback:
+            check_left_at_default(
+                self,
+                ("max_rollbacks", "rollback_lr_factor"),
+                received=f"on_nonfinite={self.on_nonfinite!r}",
+                expected="on_nonfinite='rollback' (they act at each rollback)",
+            )
+        received = f"on_nonfinite={self.on_nonfinite!r}, loss_spike_threshold={threshold!r}"
+        if (self.rollback or threshold is not None) and not self.terminate_on_nan:
+            raise ValueError(
+                f"Invalid combination of arguments. Received: terminate_on_nan=False with {received}. "
+                "Expected terminate_on_nan=True: with it off no step's loss is tested."
+            )
+        if (self.rollback or threshold is not None) and self.callbacks_decide:
+            raise ValueError(
+                "Invalid combination of arguments. Received: a keras.callbacks.TerminateOnNaN in `callbacks` "
+                f"with {received}. Expected one policy for a loss blow-up: remove the callback (the Trainer's "
+                "policy decides), or pass on_nonfinite='stop' and loss_spike_threshold=None (the callback decides)."
+            )
+
+    @property
+    def rollback(self) -> bool:
+        """Whether a blow-up rolls back (else it stops)."""
+        return self.on_nonfinite == "rollback"
+
+    @property
+    def stops(self) -> bool:
+        """Whether a training call stops right after a blow-up (an in-graph test of each step's loss)."""
+        return self.terminate_on_nan and not self.callbacks_decide
+
+    @property
+    def flags(self) -> bool:
+        """Whether a training call runs past a non-finite loss and flags it (the callbacks decide)."""
+        return self.callbacks_decide
+
+    @property
+    def loss_limit(self) -> float | None:
+        """The loss above which a step blows up, where calls stop at blow-ups (`stops`); else None."""
+        return self.loss_spike_threshold if self.stops else None
+
+    def with_callbacks(self, terminate_on_nan_callback: bool) -> NonFinitePolicy:
+        """This policy for a `fit` call whose callbacks hold Keras's `TerminateOnNaN` (True) or not.
+
+        Raises:
+            ValueError: such a callback beside `"rollback"` or a spike threshold.
+        """
+        return dataclasses.replace(self, callbacks_decide=self.terminate_on_nan and terminate_on_nan_callback)
+
+    def check(self, *, model_dir: str | None) -> None:
+        """Checks the policy against the run's `model_dir`.
+
+        Raises:
+            ValueError: `"rollback"` without `model_dir`.
+        """
+        if self.rollback and model_dir is None:
+            raise ValueError(
+                "Invalid combination of arguments. Received: on_nonfinite='rollback' with model_dir=None. "
+                "Expected a `model_dir`: its checkpoints record the rollbacks, so a rerun resumes them exactly."
+            )
+
+
+UNTESTED = NonFinitePolicy(terminate_on_nan=False)
+"""The policy of an engine whose calls test no loss (evaluation, prediction, `terminate_on_nan=False`)."""
 
 
 def check_hparams(hparams: Any) -> types.MappingProxyType:

@@ -27,20 +27,20 @@ from tftrain.engine import model_setup
 from tftrain.loops import dry_run, fit_loop, inference, lr_sweep, preparation, run_setup
 from tftrain.loops.owner import TrackedAttributes
 from tftrain.loops.trainer_engines import Engines
-from tftrain.options import EngineOptions, RunOptions, check_engine_options
-from tftrain.services.loss_recovery import RecoveryPolicy, keep_every_steps_for
+from tftrain.options import EngineOptions, NonFinitePolicy, RunOptions, check_engine_options
+from tftrain.services.loss_recovery import keep_every_steps_for
 from tftrain.services.protocol import Service, check_services
 
 
 def _option_objects(
     *, use_tf_function: Any, jit_compile: Any, steps_per_loop: Any, **options: Any
-) -> tuple[EngineOptions, RunOptions, RecoveryPolicy]:
+) -> tuple[EngineOptions, RunOptions, NonFinitePolicy]:
     """The Trainer's options as their frozen objects, every check run: how steps run, what a fit writes, what a blow-up does.
 
     Args:
         use_tf_function, jit_compile, steps_per_loop: The engine's options
             (`jit_compile` resolved to a bool).
-        **options: The fields of `RunOptions` and `RecoveryPolicy`, by name.
+        **options: The fields of `RunOptions` and `NonFinitePolicy`, by name.
 
     Raises:
         TypeError, ValueError: what `Trainer(...)` raises for these values.
@@ -49,12 +49,13 @@ def _option_objects(
     run_fields = {field.name for field in dataclasses.fields(RunOptions)}
     run = RunOptions(**{name: value for name, value in options.items() if name in run_fields})
     check_engine_options(run, engine)
-    recovery = RecoveryPolicy(
+    nonfinite_policy = NonFinitePolicy(
         **{name: value for name, value in options.items() if name not in run_fields},
+        terminate_on_nan=run.terminate_on_nan,
         keep_every_steps=keep_every_steps_for(engine),
     )
-    recovery.check(model_dir=run.model_dir, terminate_on_nan=run.terminate_on_nan)
-    return engine, run, recovery
+    nonfinite_policy.check(model_dir=run.model_dir)
+    return engine, run, nonfinite_policy
 
 
 def check_options(**options: Any) -> None:
@@ -166,7 +167,7 @@ class Trainer:
             `NonFiniteLossError`.
         rollback_lr_factor: With `"rollback"`: multiply the learning rate by
             this after each rollback. Each of `on_nonfinite` to here is a
-            field of `tftrain.services.loss_recovery.RecoveryPolicy`.
+            field of `tftrain.options.NonFinitePolicy`.
         ema_decay: Keep an exponential moving average of the weights (the
             optimizer's `use_ema`, with this momentum, e.g. 0.999) and use it
             for validation, `evaluate`, `predict`, the best checkpoint and
@@ -242,7 +243,7 @@ class Trainer:
         jit_compile = model_setup.resolve_jit_compile(
             jit_compile, model, self.strategy, use_tf_function=use_tf_function
         )
-        self.options, self.run_options, self.recovery = _option_objects(
+        self.options, self.run_options, self.nonfinite_policy = _option_objects(
             use_tf_function=use_tf_function, jit_compile=jit_compile, steps_per_loop=steps_per_loop,
             model_dir=model_dir, checkpoint_every_steps=checkpoint_every_steps, max_to_keep=max_to_keep,
             summary_every_steps=summary_every_steps, profile_steps=profile_steps,
@@ -278,8 +279,7 @@ class Trainer:
             self.options,
             self.strategy,
             self._global_step,
-            stop_on_nonfinite=terminate_on_nan,
-            loss_limit=self.recovery.loss_spike_threshold,
+            nonfinite_policy=self.nonfinite_policy,
             model=self.model,  # its step functions reset: `compile`, a callback (`Timing`)
         )
         self.timing: timing.TimingReport | None = None

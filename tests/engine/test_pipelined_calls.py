@@ -61,7 +61,7 @@ def read_late(events) -> list[bool]:
 @pytest.mark.parametrize("available", [True, False], ids=["counted", "peeked"])
 def test_a_call_after_an_unread_nonfinite_call_runs_no_step(steps_per_loop, available):
     loop = step_runner.make_runner(
-        loss_of_batch, options.EngineOptions(steps_per_loop="auto"), stop_on_nonfinite=True
+        loss_of_batch, options.EngineOptions(steps_per_loop="auto"), nonfinite_policy=options.NonFinitePolicy()
     )
     iterator = iter(values_dataset())  # 1, 2, 3, nan, 5, ...
     calls = []

@@ -275,7 +275,7 @@ def test_one_step_call_flags_a_non_finite_loss_in_the_graph(engine):
     def step(batch):
         return {"loss": tf.math.log(tf.reduce_min(batch)), "other": tf.constant(float("nan"))}
 
-    loop = step_runner.make_runner(step, options.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True)
+    loop = step_runner.make_runner(step, options.EngineOptions(**LOOP_ENGINES[engine]), nonfinite_policy=options.NonFinitePolicy())
     iterator = iter(make_dataset())  # the first batch holds 0: log(0) = -inf
     assert loop.dispatch(iterator, 1, available=True).result().nonfinite
     assert not loop.dispatch(iterator, 1, available=True).result().nonfinite  # "other" is not a loss
@@ -360,7 +360,7 @@ CALL_PATHS = {
     "compiled single step": ("graph", dict(), "_single_or_host_call", 1),
     "xla single step": ("xla", dict(), "_single_or_host_call", 1),
     "host loop": ("eager_loop3", dict(), "_plain_host_call", 3),
-    "host loop, guarded": ("eager", dict(stop_on_nonfinite=True), "_guarded_host_call", 1),
+    "host loop, guarded": ("eager", dict(nonfinite_policy=options.NonFinitePolicy()), "_guarded_host_call", 1),
     "host loop, collecting": ("eager_loop3", dict(collect=True), "_plain_host_call", 3),
 }
 
@@ -415,26 +415,25 @@ def test_the_call_path_is_chosen_once_when_the_loop_is_built(config, monkeypatch
 )
 def test_an_engine_past_nonfinite_losses_chooses_its_own_path(engine, path):
     loop = step_runner.make_runner(
-        Counter(), options.EngineOptions(**LOOP_ENGINES[engine]), stop_on_nonfinite=True
+        Counter(), options.EngineOptions(**LOOP_ENGINES[engine]), nonfinite_policy=options.NonFinitePolicy()
     )
     assert _chosen(loop.past_nonfinite()) == path
     assert loop.past_nonfinite().pipelines == loop.pipelines == (path == "_graph_call")
 
 
-@pytest.mark.parametrize("arguments", [{"nonfinite": "ignore"}, {"single_step": "xla"}, {"nonfinite": True}])
-def test_a_runner_refuses_an_unknown_nonfinite_rule_or_single_step(arguments):
+def test_a_runner_refuses_an_unknown_single_step():
     counter = timing.TraceCounter("train_step")
     with pytest.raises(ValueError, match="Invalid StepRunner arguments"):
-        step_runner.StepRunner(lambda batch: batch, counter, False, tf.distribute.get_strategy(), **arguments)
+        step_runner.StepRunner(lambda batch: batch, counter, False, tf.distribute.get_strategy(), single_step="xla")
 
 
 def test_past_nonfinite_keeps_the_single_step_and_flags():
     runner = step_runner.make_runner(
-        lambda batch: {"loss": tf.reduce_sum(batch)}, options.EngineOptions(steps_per_loop=1), stop_on_nonfinite=True
+        lambda batch: {"loss": tf.reduce_sum(batch)}, options.EngineOptions(steps_per_loop=1), nonfinite_policy=options.NonFinitePolicy()
     )
     flagging = runner.past_nonfinite()
-    assert (runner.stop_on_nonfinite, runner.flag_nonfinite) == (True, False)
-    assert (flagging.stop_on_nonfinite, flagging.flag_nonfinite) == (False, True)
+    assert (runner.nonfinite_policy.stops, runner.nonfinite_policy.flags) == (True, False)
+    assert (flagging.nonfinite_policy.stops, flagging.nonfinite_policy.flags) == (False, True)
     assert flagging._single_step_kind == runner._single_step_kind == "iterator"
     result = flagging(iter(make_dataset()), 1)
     assert result.steps == 1 and not result.nonfinite

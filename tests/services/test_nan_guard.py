@@ -13,6 +13,7 @@ import tensorflow as tf
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.engine.calls import LoopResult
 from tftrain.errors import NonFiniteLossError
+from tftrain.options import NonFinitePolicy
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.nan_guard import NonFiniteGuard
@@ -34,18 +35,19 @@ def fake_run(nonfinite_step=None, step=4, latest=None):
 
 
 NAN_RESULT = LoopResult(1, 4, {"loss": np.float32("nan")}, nonfinite=True)
+DECIDING = NonFinitePolicy(callbacks_decide=True)  # a fit whose callbacks hold TerminateOnNaN
 
 
 def test_the_guard_raises_unless_the_callbacks_decide():
     with pytest.raises(NonFiniteLossError, match=r"step 4\b.*terminate_on_nan=False"):
-        NonFiniteGuard().results_read(fake_run(), NAN_RESULT)
+        NonFiniteGuard(NonFinitePolicy()).results_read(fake_run(), NAN_RESULT)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no model_dir: nothing to say, Keras's callback speaks
-        NonFiniteGuard(callbacks_decide=True).results_read(fake_run(), NAN_RESULT)
+        NonFiniteGuard(DECIDING).results_read(fake_run(), NAN_RESULT)
 
 
 def test_stepping_aside_with_checkpoints_it_warns_once():
-    guard = NonFiniteGuard(callbacks_decide=True, checkpoints=True)
+    guard = NonFiniteGuard(DECIDING, checkpoints=True)
     run = fake_run(latest="dir/ckpt-2")
     with pytest.warns(UserWarning, match=r"step 4\): no checkpoint is written.*ckpt-2.*TerminateOnNaN"):
         guard.results_read(run, NAN_RESULT)
@@ -54,7 +56,7 @@ def test_stepping_aside_with_checkpoints_it_warns_once():
         guard.results_read(run, NAN_RESULT)
     three_steps = LoopResult(3, 12, {"loss": np.float32("nan")}, nonfinite=True)
     with pytest.warns(UserWarning, match=r"steps 2 to 4\)"):
-        NonFiniteGuard(callbacks_decide=True, checkpoints=True).results_read(run, three_steps)
+        NonFiniteGuard(DECIDING, checkpoints=True).results_read(run, three_steps)
 
 
 def test_no_checkpoint_is_written_after_a_nonfinite_step(tmp_path):

@@ -28,9 +28,8 @@ class LoopResult(NamedTuple):
             chunks (each a structure of tensors whose rows are examples).
         nonfinite: Whether the last step's loss (a `loss` or `*_loss` log) was
             NaN or infinite; the loop stops right after such a step. Only set
-            when the loop was built with `stop_on_nonfinite=True`; for a loop
-            that runs past such steps (`StepRunner.past_nonfinite`), whether
-            any step of the call had one.
+            where the runner's `NonFinitePolicy` `stops`; where it `flags`
+            (`StepRunner.past_nonfinite`), whether any step of the call had one.
     """
 
     steps: int

@@ -19,9 +19,9 @@ the loop traces, each the cheaper one where it is safe:
 Once per call, not per step: the example count where the batch size is
 static (steps x batch size), the non-finite test of the last step's logs, and
 packing steps, examples and that test into one tensor, so that the host reads
-a call's result with one transfer. Per step, with `stop_on_nonfinite`, only
-the loss's `is_finite` test remains: the loop stops right after the first
-non-finite step. With `flag_nonfinite` instead (a `fit` whose callbacks
+a call's result with one transfer. Per step, where the `NonFinitePolicy`
+`stops`, only the loss's `is_finite` test remains: the loop stops right after
+the first non-finite step. Where it `flags` instead (a `fit` whose callbacks
 decide, Keras's `TerminateOnNaN`), every step runs and the test of each is
 kept: the call flags whether any of its steps had a non-finite loss.
 
@@ -39,6 +39,7 @@ from typing import Any
 import tensorflow as tf
 
 from tftrain.fit_inputs import inputs
+from tftrain.options import NonFinitePolicy
 
 StepFn = Callable[[Any], Any]
 
@@ -104,31 +105,28 @@ def plain_logs_spec(output_spec: Any) -> list[tf.TensorSpec] | None:
 def make_graph_loop(
     step: StepFn,
     strategy: tf.distribute.Strategy,
-    stop_on_nonfinite: bool,
     on_trace: Callable[[], None],
     *,
-    flag_nonfinite: bool = False,
-    loss_limit: float | None = None,
+    nonfinite_policy: NonFinitePolicy,
 ):
     """A `tf.function` `(iterator, num_steps, halted, peeked=None, counted=False) -> (counts, nonfinite, logs)`.
 
     Args:
         step: The compiled step (`batch -> logs`).
         strategy: The strategy the batches are distributed by (for the example count).
-        stop_on_nonfinite: Stop right after a step whose loss is not finite.
         on_trace: Called each time the loop traces (not the step: its own counter counts it).
-        flag_nonfinite: (without `stop_on_nonfinite`) Run every step, and
-            flag in `counts[2]` whether any step's loss was not finite; the
-            returned `nonfinite` stays False, so the next call runs.
-        loss_limit: A loss above this counts as not finite (None: no limit).
+        nonfinite_policy: Where it `stops`, stop right after a step whose
+            loss is not finite (or above its `loss_limit`). Where it `flags`,
+            run every step, and flag in `counts[2]` whether any step's loss
+            was not finite; the returned `nonfinite` stays False, so the next
+            call runs.
 
     The returned `counts` is an int64 vector `[steps, examples, nonfinite]`;
     `nonfinite` (a bool) is the last step's test, to pass on as the next
     call's `halted`; `logs` are the last step's logs, as a structure when
     they are carried plainly or as an `Optional` otherwise.
     """
-    if stop_on_nonfinite and flag_nonfinite:
-        raise ValueError("tftrain internal error: a loop either stops at a non-finite loss or flags it.")
+    stops, loss_limit = nonfinite_policy.stops, nonfinite_policy.loss_limit
 
     def loop(iterator, num_steps, halted, peeked=None, counted=False):
         on_trace()
@@ -155,8 +153,8 @@ def make_graph_loop(
             return examples if batch_size is not None else examples + examples_in(batch, strategy)
 
         def flagged(rest, logs):
-            """With `flag_nonfinite`, the loop variable `seen` (first of `rest`), updated with this step's test."""
-            if not flag_nonfinite:
+            """Where the policy `flags`, the loop variable `seen` (first of `rest`), updated with this step's test."""
+            if not nonfinite_policy.flags:
                 return []
             return [tf.logical_or(rest[0], tf.logical_not(finite_in_graph(logs, loss_limit)))]
 
@@ -165,7 +163,7 @@ def make_graph_loop(
             def cond(i, examples, *rest):
                 del examples
                 going = i < steps_to_run
-                if stop_on_nonfinite:
+                if stops:
                     return tf.logical_and(going, finite_in_graph(carried_logs(rest), loss_limit))
                 return going
 
@@ -184,7 +182,7 @@ def make_graph_loop(
                 batch = next_batch.get_value()
                 logs = step(batch)
                 going = i + 1 < steps_to_run
-                if stop_on_nonfinite:
+                if stops:
                     going = tf.logical_and(going, finite_in_graph(logs, loss_limit))
                 # Fetch a batch only if it will be used: a fetched batch that is not trained on is lost.
                 following = tf.cond(going, iterator.get_next_as_optional, lambda: _empty(iterator))
@@ -194,7 +192,7 @@ def make_graph_loop(
             initial_logs = [tf.zeros(spec.shape, spec.dtype) for spec in plain]
         else:
             initial_logs = [tf.experimental.Optional.empty(output_spec)]
-        if flag_nonfinite:
+        if nonfinite_policy.flags:
             initial_logs = [tf.constant(False), *initial_logs]  # `seen`, before the logs
         if counted:
             loop_vars = [tf.constant(0), tf.constant(0, tf.int64), *initial_logs]
@@ -208,21 +206,19 @@ def make_graph_loop(
         steps, examples, carried = outputs[0], outputs[1], outputs[2 if counted else 3 :]
         if batch_size is not None:
             examples = tf.cast(steps, tf.int64) * batch_size
-        if flag_nonfinite:
+        if nonfinite_policy.flags:
             seen, carried = carried[0], carried[1:]
             logs = carried_logs(carried) if plain is not None else carried[0]
             counts = tf.stack([tf.cast(steps, tf.int64), examples, tf.cast(seen, tf.int64)])
             return counts, tf.constant(False), logs
         if plain is not None:
             logs = carried_logs(carried)
-            nonfinite = (
-                tf.logical_not(finite_in_graph(logs, loss_limit)) if stop_on_nonfinite else tf.constant(False)
-            )
+            nonfinite = tf.logical_not(finite_in_graph(logs, loss_limit)) if stops else tf.constant(False)
             nonfinite = tf.logical_and(steps > 0, nonfinite)
         else:
             logs = carried[0]
             nonfinite = tf.constant(False)
-            if stop_on_nonfinite:
+            if stops:
                 nonfinite = tf.cond(
                     logs.has_value(),
                     lambda: tf.logical_not(finite_in_graph(logs.get_value(), loss_limit)),
@@ -236,11 +232,10 @@ def make_graph_loop(
 
 def make_single_step(
     step: StepFn,
-    stop_on_nonfinite: bool,
     on_trace: Callable[[], None],
     *,
+    nonfinite_policy: NonFinitePolicy,
     jit_compile: bool = False,
-    loss_limit: float | None = None,
 ):
     """A `tf.function` for one step per host call that returns `(counts, logs)`.
 
@@ -261,19 +256,20 @@ def make_single_step(
 
     Args:
         step: The compiled step (`batch -> logs`).
-        stop_on_nonfinite: Test the step's loss; the flag is `counts[2]`.
         on_trace: Called each time the function traces.
+        nonfinite_policy: Where it `stops` or `flags`, test the step's loss
+            (against its `loss_limit` too); the flag is `counts[2]` (one step
+            per call: there is nothing to stop).
         jit_compile: The step is XLA-compiled (see above).
-        loss_limit: A loss above this counts as not finite (None: no limit).
 
     The returned `counts` is an int64 vector `[1, examples, nonfinite]`.
     """
 
+    tested, loss_limit = nonfinite_policy.stops or nonfinite_policy.flags, nonfinite_policy.loss_limit
+
     def counted_step(batch, batch_size):
         logs = step(batch)
-        nonfinite = (
-            tf.logical_not(finite_in_graph(logs, loss_limit)) if stop_on_nonfinite else tf.constant(False)
-        )
+        nonfinite = tf.logical_not(finite_in_graph(logs, loss_limit)) if tested else tf.constant(False)
         examples = (
             tf.constant(batch_size, tf.int64) if batch_size is not None else inputs.examples_in_batch(batch)
         )

@@ -11,6 +11,7 @@ dispatched call n+1 (the k-step loop itself is in `tftrain.engine.graph_loops`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from tftrain.compat import keras_internals, tf_internals
 from tftrain.engine import graph_loops, step_outputs
 from tftrain.engine.calls import LoopResult, PendingCall, block_until_ready
 from tftrain.fit_inputs import inputs
-from tftrain.options import EngineOptions
+from tftrain.options import UNTESTED, EngineOptions, NonFinitePolicy
 
 StepFn = Callable[[Any], Any]
 
@@ -81,7 +82,6 @@ def _nonfinite_on_host(logs: Any, loss_limit: float | None = None) -> bool:
     return False
 
 
-_NONFINITE = ("run", "stop", "flag")
 _SINGLE_STEP = (None, "iterator", "batch")
 
 
@@ -94,10 +94,11 @@ class StepRunner:
     batch is read in the graph (`"iterator"`), or in Python and the whole
     call compiled with XLA (`"batch"`).
 
-    `nonfinite` says what a non-finite loss does to a call: `"stop"` ends the
-    call at that step (and at a loss above `loss_limit`); `"flag"` (see
-    `past_nonfinite`) runs every step and its `LoopResult.nonfinite` says
-    whether any had a non-finite loss; `"run"` neither tests nor stops.
+    `nonfinite_policy` says what a non-finite loss does to a call: where it
+    `stops`, the call ends at that step (and at a loss above its
+    `loss_limit`); where it `flags` (see `past_nonfinite`), every step runs
+    and the call's `LoopResult.nonfinite` says whether any had a non-finite
+    loss; otherwise (`UNTESTED`) no loss is tested.
 
     The path a call takes (the collecting or the plain k-step loop in the
     graph, the compiled single step, or the host loop) is chosen once, when
@@ -109,8 +110,7 @@ class StepRunner:
         step: The compiled single step (`batch -> logs`).
         trace_counter: Counts traces of the step.
         in_graph: Whether the steps of one call run inside one `tf.function`.
-        stop_on_nonfinite: A call stops at a non-finite loss (`nonfinite="stop"`).
-        flag_nonfinite: A call runs past a non-finite loss and flags it (`nonfinite="flag"`).
+        nonfinite_policy: What a non-finite loss does to a call (`tftrain.options.NonFinitePolicy`).
     """
 
     def __init__(
@@ -120,23 +120,19 @@ class StepRunner:
         in_graph: bool,
         strategy: tf.distribute.Strategy,
         *,
-        nonfinite: str = "run",
+        nonfinite_policy: NonFinitePolicy = UNTESTED,
         collect: bool = False,
         single_step: str | None = None,
-        loss_limit: float | None = None,
     ):
-        if nonfinite not in _NONFINITE or single_step not in _SINGLE_STEP:
+        if single_step not in _SINGLE_STEP:
             raise ValueError(
-                f"Invalid StepRunner arguments. Received: nonfinite={nonfinite!r}, single_step={single_step!r}. "
-                f"Expected nonfinite in {_NONFINITE} and single_step in {_SINGLE_STEP}."
+                f"Invalid StepRunner arguments. Received: single_step={single_step!r}. "
+                f"Expected single_step in {_SINGLE_STEP}."
             )
-        stop_on_nonfinite = nonfinite == "stop"
         self.step = step
-        self.loss_limit = loss_limit if stop_on_nonfinite else None
         self.trace_counter = trace_counter
         self.strategy = strategy
-        self.stop_on_nonfinite = stop_on_nonfinite
-        self.flag_nonfinite = nonfinite == "flag"
+        self.nonfinite_policy = nonfinite_policy
         self.collect = collect
         self.in_graph = in_graph
         self._single_step_kind = single_step
@@ -146,23 +142,13 @@ class StepRunner:
             self._graph_loop = graph_loops.make_collecting_graph_loop(step, strategy)
         elif in_graph:
             self._graph_loop = graph_loops.make_graph_loop(
-                step,
-                strategy,
-                stop_on_nonfinite,
-                self._count_trace,
-                flag_nonfinite=self.flag_nonfinite,
-                loss_limit=self.loss_limit,
+                step, strategy, self._count_trace, nonfinite_policy=nonfinite_policy
             )
         self._single_step = None
         self._single_step_on_batch = single_step == "batch"  # the XLA single step takes the batch, not the iterator
         if single_step is not None and not in_graph and not collect:
-            # One step per call: its loss test is the flag either way (nothing to stop).
             self._single_step = graph_loops.make_single_step(
-                step,
-                stop_on_nonfinite or self.flag_nonfinite,
-                self._count_trace,
-                jit_compile=self._single_step_on_batch,
-                loss_limit=self.loss_limit,
+                step, self._count_trace, nonfinite_policy=nonfinite_policy, jit_compile=self._single_step_on_batch
             )
         # Per iterator, held weakly (a finished pass's iterator and its buffers are
         # freed): the concrete functions by call kind (`_concrete`), and whether
@@ -188,9 +174,9 @@ class StepRunner:
 
     def _choose_host_call(self) -> Callable[..., PendingCall]:
         """How this engine runs steps from the host: flagging, guarding or neither, as it was built."""
-        if self.flag_nonfinite:
+        if self.nonfinite_policy.flags:
             return self._flagging_host_call
-        if self.stop_on_nonfinite and not self.collect:
+        if self.nonfinite_policy.stops and not self.collect:
             return self._guarded_host_call
         return self._plain_host_call
 
@@ -211,7 +197,7 @@ class StepRunner:
             self.trace_counter,
             self.in_graph,
             self.strategy,
-            nonfinite="flag",
+            nonfinite_policy=dataclasses.replace(self.nonfinite_policy, callbacks_decide=True),
             collect=self.collect,
             single_step=self._single_step_kind,
         )
@@ -386,23 +372,19 @@ class StepRunner:
         self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
     ) -> PendingCall:
         """Host steps that run past a non-finite loss; the result says whether any step had one."""
-        result, seen = _host_loop(
-            self.step, iterator, num_steps, self.strategy, False, False, first, flag=True
-        )
+        result, seen = self._host_loop(iterator, num_steps, first)
         return PendingCall(lambda: _waited(result)._replace(nonfinite=bool(seen)), result.steps, result.logs)
 
     def _guarded_host_call(
         self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
     ) -> PendingCall:
         """Host steps that stop at a non-finite loss; the last step's loss is tested with the result."""
-        result, _ = _host_loop(
-            self.step, iterator, num_steps, self.strategy, True, False, first, loss_limit=self.loss_limit
-        )
+        result, _ = self._host_loop(iterator, num_steps, first)
         if not result.steps or result.nonfinite:
             return PendingCall(lambda: _waited(result), result.steps, result.logs)
         # The last step's loss is read with the result: that read is the call's one wait for the device.
         return PendingCall(
-            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs, self.loss_limit)),
+            lambda: result._replace(nonfinite=_nonfinite_on_host(result.logs, self.nonfinite_policy.loss_limit)),
             result.steps,
             result.logs,
         )
@@ -411,17 +393,39 @@ class StepRunner:
         self, iterator: Any, num_steps: int, first: Any, available: bool, halted: tf.Tensor
     ) -> PendingCall:
         """Host steps with no loss test at the end of the call."""
-        result, _ = _host_loop(
-            self.step,
-            iterator,
-            num_steps,
-            self.strategy,
-            self.stop_on_nonfinite,
-            self.collect,
-            first,
-            loss_limit=self.loss_limit,
-        )
+        result, _ = self._host_loop(iterator, num_steps, first)
         return PendingCall(lambda: _waited(result), result.steps, result.logs)
+
+    def _host_loop(self, iterator: Iterator[Any], num_steps: int, first: Any) -> tuple[LoopResult, Any]:
+        """Runs the steps from the host: the result, and (where the policy `flags`) whether any loss was not finite.
+
+        The flag is a tensor, read with the result: testing each step's loss
+        does not wait for the device. Where the policy `stops`, each step's
+        loss but the last is tested on the host (the last one's with the
+        call's result, `_guarded_host_call`).
+        """
+        policy, collect = self.nonfinite_policy, self.collect
+        steps, examples, logs, collected = 0, 0, None, []
+        seen = tf.constant(False) if policy.flags else None
+        for index in range(num_steps):
+            if first is not None:
+                batch, first = first.get_value(), None
+            else:
+                try:
+                    batch = next(iterator)
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    break
+            logs = self.step(batch)
+            steps += 1
+            if collect:
+                collected.append(logs)
+            size = _host_batch_size(batch, self.strategy)
+            examples = None if examples is None or size is None else examples + size
+            if policy.flags:
+                seen = tf.logical_or(seen, tf.logical_not(graph_loops.finite_in_graph(logs)))
+            if policy.stops and index + 1 < num_steps and _nonfinite_on_host(logs, policy.loss_limit):
+                return LoopResult(steps, examples, logs, True), seen
+        return LoopResult(steps, examples, collected if collect else logs), seen
 
 
 def _waited(result: LoopResult) -> LoopResult:
@@ -434,47 +438,6 @@ def _collected(steps: tf.Tensor, examples: tf.Tensor, outputs: Any) -> LoopResul
     if steps == 0:
         return LoopResult(0, 0, None)
     return LoopResult(steps, int(examples), [outputs])
-
-
-def _host_loop(
-    step: StepFn,
-    iterator: Iterator[Any],
-    num_steps: int,
-    strategy: tf.distribute.Strategy,
-    stop_on_nonfinite: bool,
-    collect: bool,
-    first: Any,
-    *,
-    flag: bool = False,
-    loss_limit: float | None = None,
-) -> tuple[LoopResult, Any]:
-    """Runs the steps from the host; returns the result and (with `flag`) whether any step's loss was not finite.
-
-    The flag is a tensor, read with the result: testing each step's loss
-    does not wait for the device.
-    """
-    steps, examples, logs, collected = 0, 0, None, []
-    seen = tf.constant(False) if flag else None
-    for index in range(num_steps):
-        if first is not None:
-            batch, first = first.get_value(), None
-        else:
-            try:
-                batch = next(iterator)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                break
-        logs = step(batch)
-        steps += 1
-        if collect:
-            collected.append(logs)
-        size = _host_batch_size(batch, strategy)
-        examples = None if examples is None or size is None else examples + size
-        if flag:
-            seen = tf.logical_or(seen, tf.logical_not(graph_loops.finite_in_graph(logs)))
-        # The last step's loss is tested with the call's result (`StepRunner._host_call`).
-        if stop_on_nonfinite and index + 1 < num_steps and _nonfinite_on_host(logs, loss_limit):
-            return LoopResult(steps, examples, logs, True), seen
-    return LoopResult(steps, examples, collected if collect else logs), seen
 
 
 def _keras_batch(step_fn: StepFn) -> StepFn:
@@ -503,10 +466,9 @@ def make_runner(
     options: EngineOptions,
     strategy: tf.distribute.Strategy | None = None,
     name: str = "train_step",
-    stop_on_nonfinite: bool = False,
+    nonfinite_policy: NonFinitePolicy = UNTESTED,
     collect: bool = False,
     step_counter: tf.Variable | None = None,
-    loss_limit: float | None = None,
     autograph: bool = False,
 ) -> StepRunner:
     """Builds the engine for one step function.
@@ -517,17 +479,17 @@ def make_runner(
         strategy: Runs the step on each replica (`strategy.run`) and averages
             per-replica outputs. None means the current strategy.
         name: The step's name for trace warnings.
-        stop_on_nonfinite: Stop a call right after a step whose loss (a
-            `loss` or `*_loss` log) is NaN or infinite, and flag it in the
-            result (an in-graph check inside a k-step loop).
+        nonfinite_policy: What a training call does at a step whose loss (a
+            `loss` or `*_loss` log) blows up: where it `stops`, the call
+            stops right after that step and flags it in the result (an
+            in-graph check inside a k-step loop); where it `flags`, every
+            step runs and the result flags any. `UNTESTED`: no loss is tested.
         collect: Keep every step's outputs, not only the last (`predict`):
             replica outputs are concatenated in example order rather than
             averaged, and a k-step call joins its steps' outputs in the graph.
         step_counter: An integer variable (the run's global step) incremented
             in the graph before each step, so `tf.summary` calls inside the
             step see the number of the step they belong to (1-based).
-        loss_limit: With `stop_on_nonfinite`: a loss above this stops the
-            call too, flagged as a non-finite one is (a loss spike).
         autograph: `step_fn` is user code that may need AutoGraph (Python
             control flow on tensors): under `tf.function` it is converted,
             once, here. The library's own code around it never is (every
@@ -554,10 +516,9 @@ def make_runner(
     # Without a strategy, `strategy.run` only adds host work (autograph
     # conversion, replica-context push/pop), which is felt in eager mode.
     def runner(step: StepFn, single_step: str | None = None) -> StepRunner:
-        nonfinite = "stop" if stop_on_nonfinite else "run"
         return StepRunner(
-            step, counter, in_graph, strategy, nonfinite=nonfinite, collect=collect, single_step=single_step,
-            loss_limit=loss_limit,
+            step, counter, in_graph, strategy, nonfinite_policy=nonfinite_policy, collect=collect,
+            single_step=single_step,
         )  # fmt: skip
 
     single_device = distribute.is_default_strategy(strategy)

@@ -20,7 +20,6 @@ import keras
 import tensorflow as tf
 
 from tftrain import timing
-from tftrain.arguments import check_verbose
 from tftrain.checkpoint import run_record
 from tftrain.compat import keras_internals
 from tftrain.engine import flops
@@ -38,10 +37,6 @@ __all__ = ["run_fit"]
 def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, timing.TimingReport]:
     """Runs one `fit` call to its target; returns the History and the call's timing report."""
     model, engines = owner.model, owner.engines
-    # A `TerminateOnNaN` among the callbacks decides what a NaN does: no call stops at one (the guard steps aside).
-    callbacks_decide_nan = owner.run_options.terminate_on_nan and hooks.terminates_on_nan(call.callbacks)
-    if callbacks_decide_nan:
-        _check_recovery_without_terminate_on_nan(owner)
     callback_list = keras.callbacks.CallbackList(
         call.callbacks,
         add_history=True,
@@ -52,7 +47,8 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         model=model,
     )
     # After the callbacks' `set_model`, as `fit` makes its train function: a reset there rebuilds the step.
-    train_runner = engines.runner("train", stop_on_nonfinite=not callbacks_decide_nan)
+    # A `TerminateOnNaN` among the callbacks decides what a NaN does: no call stops at one (the guard steps aside).
+    train_runner = engines.runner("train", call.nonfinite_policy)
     timer = timing.StepTimer()
     measured = timer if owner.measure_timing else None
     step_history: dict[str, list[Any]] = {}
@@ -67,7 +63,6 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         timer=measured,
         trace_counter=train_runner.trace_counter,
         services=_call_services(call, validate, step_history) + tuple(owner.services),
-        callbacks_decide_nan=callbacks_decide_nan,
         record=_run_record(owner, call, record_optimizers) if with_record else None,
         optimizers=record_optimizers,
     )
@@ -112,7 +107,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
             per_replica_batch=batch,
             peak_flops=owner.run_options.peak_flops,
         )
-    if call.verbose != 0 and owner.measure_timing:
+    if call.verbosity and owner.measure_timing:
         print(f"tftrain timing:\n{report.summary()}")
     return model.history, report
 
@@ -154,18 +149,6 @@ def _train_epoch(
     return epoch_logs
 
 
-def _check_recovery_without_terminate_on_nan(owner: StepOwner) -> None:
-    """A `TerminateOnNaN` callback decides what a NaN does: no rollback or spike threshold beside it."""
-    recovery = owner.recovery
-    if recovery.rollback or recovery.loss_spike_threshold is not None:
-        raise ValueError(
-            "Invalid combination of arguments. Received: a keras.callbacks.TerminateOnNaN in `callbacks` "
-            f"with on_nonfinite={recovery.on_nonfinite!r}, loss_spike_threshold={recovery.loss_spike_threshold!r}. "
-            "Expected one policy for a loss blow-up: remove the callback (the Trainer's policy decides), "
-            "or pass on_nonfinite='stop' and loss_spike_threshold=None (the callback decides)."
-        )
-
-
 def _report_target_reached(call: FitCall, run: TrainingRun, model_dir: str | None) -> None:
     """Says once that a resumed run has nothing to train for this call, and how to train more.
 
@@ -182,9 +165,8 @@ def _report_target_reached(call: FitCall, run: TrainingRun, model_dir: str | Non
         f"({progress.epoch} epochs done), which already reaches this call's target ({target}). "
         f"To train it further, pass a larger target ({larger}); to start a new run, pass a new `model_dir`."
     )
-    verbose = check_verbose(call.verbose)
-    if verbose:
-        run_setup.report_resume(message, verbose)
+    if call.verbosity:
+        run_setup.report_resume(message, call.verbosity)
     else:
         logging.getLogger("tftrain").warning(message)
 
@@ -220,13 +202,13 @@ def _call_services(
 
 def _run_record(owner: StepOwner, call: FitCall, optimizers: dict[str, Any] | None) -> dict[str, Any]:
     """The call's run record: what its results depend on (`tftrain.checkpoint.run_record`)."""
-    options, recovery = owner.engines.options, owner.recovery
+    options, policy = owner.engines.options, call.nonfinite_policy
     settings = {
         "ema_decay": owner.ema_decay,
-        "on_nonfinite": recovery.on_nonfinite,
-        "loss_spike_threshold": recovery.loss_spike_threshold,
-        "max_rollbacks": recovery.max_rollbacks,
-        "rollback_lr_factor": recovery.rollback_lr_factor,
+        "on_nonfinite": policy.on_nonfinite,
+        "loss_spike_threshold": policy.loss_spike_threshold,
+        "max_rollbacks": policy.max_rollbacks,
+        "rollback_lr_factor": policy.rollback_lr_factor,
         "use_tf_function": options.use_tf_function,
         "jit_compile": options.jit_compile,
         "steps_per_loop": options.steps_per_loop,

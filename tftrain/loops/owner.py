@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import keras
 import tensorflow as tf
 
-from tftrain.options import RunOptions
+from tftrain.options import NonFinitePolicy, RunOptions
 
 if TYPE_CHECKING:
     from tftrain.loops.trainer_engines import Engines
-    from tftrain.services.loss_recovery import RecoveryPolicy
     from tftrain.services.protocol import Service
 
 
@@ -30,7 +29,8 @@ class StepOwner(Protocol):
         measure_timing: Whether host calls are timed.
         global_step: The run's global step variable.
         services: The user's own services, added to every fit's.
-        recovery: What a loss blow-up does (stop, or roll back).
+        nonfinite_policy: What a loss blow-up does (stop, or roll back); a
+            `fit` call takes it with its callbacks (`FitCall.nonfinite_policy`).
         ema_decay: The decay of the optimizer's moving average of the
             weights that evaluation uses (`averaged_weights`), or None.
     """
@@ -41,7 +41,7 @@ class StepOwner(Protocol):
     measure_timing: bool
     global_step: tf.Variable
     services: tuple[Service, ...]
-    recovery: RecoveryPolicy
+    nonfinite_policy: NonFinitePolicy
     ema_decay: float | None
 
     def averaged_weights(self) -> contextlib.AbstractContextManager[None]:

@@ -29,7 +29,9 @@ from tftrain.arguments import (
 from tftrain.engine import model_setup
 from tftrain.fit_inputs import distributed_data, fit_checks, inputs
 from tftrain.fit_inputs.epoch_plan import EpochPlan
+from tftrain.loops import hooks
 from tftrain.loops.owner import StepOwner
+from tftrain.options import NonFinitePolicy
 
 __all__ = ["FitArguments", "FitCall", "ValidationData", "build", "check_step", "fit_call", "plan_for", "plan_of"]
 
@@ -78,7 +80,10 @@ class FitCall:
         initial_epoch: Where a run with nothing to resume starts.
         total_steps: A step budget (the target instead of `epochs`), or None.
         callbacks: The user's Keras callbacks.
-        verbose: `fit`'s `verbose`.
+        verbose: `fit`'s `verbose` as given (what the callbacks see in their `params`).
+        verbosity: `verbose` resolved (0, 1 or 2; `"auto"` is 1): what the run prints.
+        nonfinite_policy: What a loss blow-up does in this call: the
+            Trainer's policy, left to a `TerminateOnNaN` among the callbacks.
         validation_freq: Validate after these epochs (`fit`'s meaning).
         validation_every_steps: Also validate every this many global steps, or None.
     """
@@ -90,6 +95,8 @@ class FitCall:
     total_steps: int | None
     callbacks: Any
     verbose: int | str
+    verbosity: int
+    nonfinite_policy: NonFinitePolicy
     validation_freq: int | list[int]
     validation_every_steps: int | None
 
@@ -162,7 +169,8 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
     total_steps, verbose, callbacks = arguments.total_steps, arguments.verbose, arguments.callbacks
     check_int("epochs", epochs, 0)
     check_int("initial_epoch", initial_epoch, 0)
-    check_verbose(verbose)
+    verbosity = check_verbose(verbose)
+    nonfinite_policy = owner.nonfinite_policy.with_callbacks(hooks.terminates_on_nan(callbacks))
     validation_freq = check_validation_freq(validation_freq)
     epochs = inputs.keras_epoch_limit(epochs)
     check_step(owner, "train")
@@ -224,6 +232,8 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
         total_steps=total_steps,
         callbacks=callbacks,
         verbose=verbose,
+        verbosity=verbosity,
+        nonfinite_policy=nonfinite_policy,
         validation_freq=validation_freq,
         validation_every_steps=arguments.validation_every_steps,
     )

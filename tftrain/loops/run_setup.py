@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import distribute, summaries, timing
-from tftrain.arguments import check_profile_steps, check_verbose
+from tftrain.arguments import check_profile_steps
 from tftrain.checkpoint import data_position
 from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.checkpoint.writer_lock import WriterLock, check_writer
@@ -33,12 +33,12 @@ from tftrain.loops.owner import StepOwner
 from tftrain.loops.preparation import FitCall
 from tftrain.loops.restore import report_resume
 from tftrain.loops.training_run import TrainingRun, close_all
-from tftrain.options import RunOptions
+from tftrain.options import NonFinitePolicy, RunOptions
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.data_position import DataCheckpointService
 from tftrain.services.hparams import HParamsService
-from tftrain.services.loss_recovery import LossRecovery, RecoveryPolicy
+from tftrain.services.loss_recovery import LossRecovery
 from tftrain.services.multiworker_preemption import MultiWorkerPreemption, multiworker_preemption
 from tftrain.services.nan_guard import NonFiniteGuard
 from tftrain.services.periodic_validation import PeriodicValidation
@@ -94,10 +94,6 @@ class RunParts:
         services: The call's own services (a validation every N steps) and
             the user's, run after the NaN guard and the step budget and before
             the summaries and checkpoints; their state is saved by name.
-        callbacks_decide_nan: The call's callbacks hold Keras's
-            `TerminateOnNaN`: the NaN guard raises nothing, and no checkpoint
-            is written from the first non-finite step on
-            (`tftrain.services.nan_guard`).
         record: The call's run record (`tftrain.checkpoint.run_record.build`):
             compared with the checkpoint's at a resume, saved with every
             checkpoint, written to `model_dir/run_record.json` and shown in
@@ -110,7 +106,6 @@ class RunParts:
     timer: timing.StepTimer | None
     trace_counter: timing.TraceCounter
     services: tuple[Service, ...] = ()
-    callbacks_decide_nan: bool = False
     record: dict[str, Any] | None = None
     optimizers: dict[str, Any] | None = None
 
@@ -150,7 +145,7 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
             lock = WriterLock(path) if where.chief else None
             checkpointer = where.checkpointer()
             request = restore.RestoreRequest(
-                options, owner.model, plan, parts.record, check_verbose(call.verbose),
+                options, owner.model, plan, parts.record, call.verbosity,
                 writes_record_file=where.chief, built_in_names=BUILT_IN_NAMES, optimizers=parts.optimizers,
             )  # fmt: skip
 
@@ -184,17 +179,11 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
 
 def _leading_services(owner: StepOwner, call: FitCall, parts: RunParts) -> list[Service]:
     """The services every run has, in their order: the NaN guard, the step budget, the call's and the user's."""
-    options, recovery = owner.run_options, owner.recovery
+    options, nonfinite_policy = owner.run_options, call.nonfinite_policy
     services: list[Service] = []
-    rollback = recovery.rollback and options.model_dir is not None
-    if options.terminate_on_nan and not rollback:
-        services.append(
-            NonFiniteGuard(
-                callbacks_decide=parts.callbacks_decide_nan,
-                checkpoints=options.model_dir is not None,
-                loss_limit=recovery.loss_spike_threshold,
-            )
-        )
+    rollback = nonfinite_policy.rollback and options.model_dir is not None
+    if nonfinite_policy.terminate_on_nan and not rollback:
+        services.append(NonFiniteGuard(nonfinite_policy, checkpoints=options.model_dir is not None))
     if call.total_steps is not None:
         services.append(StepBudget(call.total_steps))
     return services + list(parts.services)
@@ -335,17 +324,19 @@ def _add_model_dir_services(
             services.append(preemption)
     if parts.record is not None and chief:  # closed after the saves: its end says the run ended well
         services.append(HParamsService(where.layout.root, parts.record))
-    if owner.recovery.rollback:
-        services.insert(0, _loss_recovery(owner.recovery, services, owner.model, check_verbose(call.verbose)))
+    if call.nonfinite_policy.rollback:
+        services.insert(0, _loss_recovery(call.nonfinite_policy, services, owner.model, call.verbosity))
     return services
 
 
-def _loss_recovery(policy: RecoveryPolicy, services: list[Service], model: Any, verbose: int) -> LossRecovery:
+def _loss_recovery(
+    nonfinite_policy: NonFinitePolicy, services: list[Service], model: Any, verbose: int
+) -> LossRecovery:
     """The rollback service, keeping states at the run's checkpoint steps too (and TensorBoard writers, on the chief)."""
     checkpoints = next(service for service in services if isinstance(service, CheckpointService))
     writer = next((service.writer for service in services if isinstance(service, SummaryService)), None)
     return LossRecovery(
-        policy,
+        nonfinite_policy,
         optimizer=getattr(model, "optimizer", None),
         checkpoint_every_steps=checkpoints.when.every_steps,
         verbose=verbose,

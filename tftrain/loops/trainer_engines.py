@@ -23,7 +23,7 @@ from tftrain.engine.auto_steps import StepsPerCall
 from tftrain.fit_inputs import inputs
 from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import hooks
-from tftrain.options import EngineOptions
+from tftrain.options import UNTESTED, EngineOptions, NonFinitePolicy
 from tftrain.services.step_summaries import InStepSummaries
 
 __all__ = ["KINDS", "Engines"]
@@ -44,8 +44,7 @@ class Engines:
         options: How the steps run.
         strategy: The strategy they run under.
         global_step: The run's global step, incremented before each training step.
-        stop_on_nonfinite: Training calls stop at a non-finite loss.
-        loss_limit: Training calls also stop at a loss above this (a spike), or None.
+        nonfinite_policy: What a non-finite loss does to training calls (the Trainer's).
         model: The model whose `train_function`, `test_function` and
             `predict_function` the engines stand for. Where one was reset
             since its engine was built (`compile` and `quantize` set them to
@@ -63,8 +62,7 @@ class Engines:
         strategy: tf.distribute.Strategy,
         global_step: tf.Variable,
         *,
-        stop_on_nonfinite: bool,
-        loss_limit: float | None = None,
+        nonfinite_policy: NonFinitePolicy,
         model: keras.Model | None = None,
     ):
         self.step_of = step_of
@@ -72,26 +70,23 @@ class Engines:
         self.options = options
         self.strategy = strategy
         self.global_step = global_step
-        self.stop_on_nonfinite = stop_on_nonfinite
-        self.loss_limit = loss_limit
+        self.nonfinite_policy = nonfinite_policy
         self.runners: dict[str, step_runner.StepRunner] = {}
         self._past_nonfinite: step_runner.StepRunner | None = None  # built for a fit with `TerminateOnNaN`
         self.auto_steps: dict[str, StepsPerCall] = {}
         self._in_step_summaries: InStepSummaries | None = None
 
-    def runner(self, kind: str, *, stop_on_nonfinite: bool = True) -> step_runner.StepRunner:
+    def runner(self, kind: str, nonfinite_policy: NonFinitePolicy | None = None) -> step_runner.StepRunner:
         """The engine of `kind`, built on first use, and again after the model's function of `kind` was reset.
 
         Asked for after a pass's callbacks are set (`set_model`), as Keras
         calls `make_train_function`, so that a reset there is seen.
 
-        `stop_on_nonfinite=False` asks for a training engine whose calls run
+        A `fit` call's `nonfinite_policy` that `flags` (its callbacks hold
+        Keras's `TerminateOnNaN`) asks for a training engine whose calls run
         all their steps past a non-finite loss, flagging it
-        (`StepRunner.past_nonfinite`): a `fit` whose callbacks hold Keras's
-        `TerminateOnNaN` uses it. It is built on first use around the same
-        traced step (a Trainer that never needs it never traces it); where
-        training calls never stop (`terminate_on_nan=False`), it is the
-        training engine itself.
+        (`StepRunner.past_nonfinite`). It is built on first use around the
+        same traced step (a Trainer that never needs it never traces it).
         """
         if kind in self.runners and self.model is not None and keras_internals.step_function_reset(self.model, kind):
             del self.runners[kind]
@@ -101,7 +96,7 @@ class Engines:
             self.runners[kind] = self.new_runner(kind)
             if self.model is not None:
                 keras_internals.hold_step_function(self.model, kind)
-        if stop_on_nonfinite or kind != "train" or not self.stop_on_nonfinite:
+        if kind != "train" or nonfinite_policy is None or not nonfinite_policy.flags:
             return self.runners[kind]
         if self._past_nonfinite is None:
             self._past_nonfinite = self.runners[kind].past_nonfinite()
@@ -115,10 +110,9 @@ class Engines:
             self.options,
             self.strategy,
             f"{kind}_step",
-            stop_on_nonfinite=kind == "train" and self.stop_on_nonfinite,
+            nonfinite_policy=self.nonfinite_policy if kind == "train" else UNTESTED,
             collect=kind == "predict",
             step_counter=self.global_step if kind == "train" else None,
-            loss_limit=self.loss_limit if kind == "train" else None,
             autograph=autograph,
         )
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from tftrain.engine import graph_loops
 from tftrain.errors import NonFiniteLossError
+from tftrain.options import NonFinitePolicy
 from tftrain.services.protocol import RunState, Service
 
 
@@ -25,29 +26,24 @@ class NonFiniteGuard(Service):
     checked then, before any checkpoint holds its steps).
 
     Args:
-        callbacks_decide: The `fit` call's callbacks hold Keras's
-            `TerminateOnNaN`: raise nothing (that callback decides, and the
-            run's checkpoints stop at the first non-finite step); warn once
-            if `checkpoints` are skipped from there.
+        nonfinite_policy: The `fit` call's policy. Where its callbacks decide
+            (Keras's `TerminateOnNaN`), raise nothing (the run's checkpoints
+            stop at the first non-finite step) and warn once if `checkpoints`
+            are skipped from there. Its spike threshold is named in the error.
         checkpoints: The run writes checkpoints (it has a `model_dir`).
-        loss_limit: A loss above this stopped the step too
-            (`loss_spike_threshold`), or None.
     """
 
     name = "nan_guard"
 
-    def __init__(
-        self, *, callbacks_decide: bool = False, checkpoints: bool = False, loss_limit: float | None = None
-    ):
-        self.callbacks_decide = callbacks_decide
+    def __init__(self, nonfinite_policy: NonFinitePolicy, *, checkpoints: bool = False):
+        self.nonfinite_policy = nonfinite_policy
         self.checkpoints = checkpoints
-        self.loss_limit = loss_limit
         self._warned = False
 
     def results_read(self, run: RunState, result: Any) -> None:
         if not result.nonfinite:
             return
-        if self.callbacks_decide:
+        if self.nonfinite_policy.callbacks_decide:
             if self.checkpoints and not self._warned:
                 self._warned = True
                 last = run.progress.global_step
@@ -70,11 +66,10 @@ class NonFiniteGuard(Service):
         }
         last_good = run.latest_checkpoint()
         finite = all(np.all(np.isfinite(np.asarray(value, dtype=np.float64))) for value in losses.values())
-        what = (
-            f"a loss is above loss_spike_threshold={self.loss_limit:g}"
-            if finite and self.loss_limit is not None
-            else "the loss is not finite"
-        )
+        limit = self.nonfinite_policy.loss_limit
+        what = "the loss is not finite"
+        if finite and limit is not None:
+            what = f"a loss is above loss_spike_threshold={limit:g}"
         raise NonFiniteLossError(
             f"Training stopped at step {progress.global_step} (epoch {progress.epoch + 1}, "
             f"step {progress.step_in_epoch} of the epoch): {what}: {losses}. "
