@@ -26,6 +26,7 @@ import tftrain
 from tftrain import options
 from tftrain.engine import step_runner
 from tftrain.errors import NonFiniteLossError
+from tftrain.options import NonFinitePolicy
 
 # Where the engine matters less: one that checks the loss on the host, one that checks it in the graph.
 host_and_graph_checks = pytest.mark.parametrize("engine", ["graph", "loop3"], indirect=True)
@@ -127,7 +128,7 @@ loop_engines = pytest.mark.parametrize(
 
 @loop_engines
 def test_loop_stops_right_after_a_nonfinite_loss(options):
-    loop = step_runner.make_runner(loss_of_batch, options, nonfinite_policy=options.NonFinitePolicy())
+    loop = step_runner.make_runner(loss_of_batch, options, nonfinite_policy=NonFinitePolicy())
     iterator = iter(values_dataset())
     results = [loop(iterator, 3) for _ in range(4)]
     assert [result.steps for result in results] == [3, 1, 3, 2]
@@ -149,7 +150,7 @@ def test_loop_without_the_guard_runs_every_step(options):
 @loop_engines
 def test_loop_past_nonfinite_runs_every_step_and_flags_any_bad_one(options):
     # A fit with Keras's TerminateOnNaN: the calls run as under model.fit, and the flag keeps checkpoints out.
-    guarded = step_runner.make_runner(loss_of_batch, options, nonfinite_policy=options.NonFinitePolicy())
+    guarded = step_runner.make_runner(loss_of_batch, options, nonfinite_policy=NonFinitePolicy())
     guarded(iter(values_dataset()), 1)
     loop = guarded.past_nonfinite()
     iterator = iter(values_dataset())

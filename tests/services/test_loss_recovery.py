@@ -19,6 +19,7 @@ from helpers import ENGINES, finish_job, read_run, start_job
 
 import tftrain
 from tftrain.checkpoint.state import SERVICE_STATES_KEY
+from tftrain.errors import DryRunError
 from tftrain.options import EngineOptions
 from tftrain.services.loss_recovery import keep_every_steps_for
 
@@ -325,6 +326,8 @@ def test_terminate_on_nan_callback_beside_a_rollback_policy_is_an_error(tmp_path
     run = trainer(make_model(), model_dir=str(tmp_path), on_nonfinite="rollback")
     with pytest.raises(ValueError, match="TerminateOnNaN in `callbacks` with on_nonfinite='rollback'"):
         run.fit(batches(x, y), epochs=1, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()])
+    with pytest.raises(DryRunError, match="'prepare' stage.*TerminateOnNaN in `callbacks`"):
+        run.check(batches(x, y), epochs=1, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()])
 
 
 def test_a_run_killed_between_rollbacks_and_rerun_ends_bit_identical(tmp_path):

@@ -404,9 +404,10 @@ class StepRunner:
         loss but the last is tested on the host (the last one's with the
         call's result, `_guarded_host_call`).
         """
-        policy, collect = self.nonfinite_policy, self.collect
-        steps, examples, logs, collected = 0, 0, None, []
-        seen = tf.constant(False) if policy.flags else None
+        policy = self.nonfinite_policy
+        flags, stops, loss_limit = policy.flags, policy.stops, policy.loss_limit
+        steps, examples, logs, collected, collect = 0, 0, None, [], self.collect
+        seen = tf.constant(False) if flags else None
         for index in range(num_steps):
             if first is not None:
                 batch, first = first.get_value(), None
@@ -421,9 +422,9 @@ class StepRunner:
                 collected.append(logs)
             size = _host_batch_size(batch, self.strategy)
             examples = None if examples is None or size is None else examples + size
-            if policy.flags:
+            if flags:
                 seen = tf.logical_or(seen, tf.logical_not(graph_loops.finite_in_graph(logs)))
-            if policy.stops and index + 1 < num_steps and _nonfinite_on_host(logs, policy.loss_limit):
+            if stops and index + 1 < num_steps and _nonfinite_on_host(logs, loss_limit):
                 return LoopResult(steps, examples, logs, True), seen
         return LoopResult(steps, examples, collected if collect else logs), seen
 

@@ -47,7 +47,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         model=model,
     )
     # After the callbacks' `set_model`, as `fit` makes its train function: a reset there rebuilds the step.
-    # A `TerminateOnNaN` among the callbacks decides what a NaN does: no call stops at one (the guard steps aside).
+    # Where a `TerminateOnNaN` among the callbacks decides what a NaN does, no call stops at one.
     train_runner = engines.runner("train", call.nonfinite_policy)
     timer = timing.StepTimer()
     measured = timer if owner.measure_timing else None
