@@ -2,10 +2,12 @@
 
 `EngineOptions` says how a step runs, `RunOptions` what a `fit` writes and
 guards around its steps; `check_engine_options` checks one against the other.
-Both validate themselves on construction, without touching the filesystem,
-and raise in Keras's form: "Invalid value for argument `x`. Received: x=...
-Expected ...". The checks of single arguments that other layers share live in
-`tftrain.arguments`; they are importable from here too.
+`NonFinitePolicy` says what a loss blow-up does: the engine, the NaN guard and
+the loss recovery read it. Each validates itself on construction, without
+touching the filesystem, and raises in Keras's form: "Invalid value for
+argument `x`. Received: x=... Expected ...". The checks of single arguments
+that other layers share live in `tftrain.arguments`; they are importable from
+here too.
 
 A bottom layer: imports only `tftrain.arguments`, `tftrain.compat` and `tftrain.errors`.
 """
