@@ -114,8 +114,8 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
     """Sets up one `fit`: restores the latest checkpoint and builds its services.
 
     Args:
-        owner: The Trainer: its model, options, global step and recovery policy.
-        call: The `fit` call: its data plan, target and `verbose`.
+        owner: The Trainer: its model, options and global step.
+        call: The `fit` call: its data plan, target, `verbosity` and `nonfinite_policy`.
         parts: What the fit loop made for the run.
 
     Returns:
