@@ -4,7 +4,7 @@ The reference for what a rollback leaves is a run that never read the
 skipped batches: with the same seeds, its weights, optimizer state and logs
 must be bit-identical to those of the run that rolled back. States are kept
 every `keep_every_steps` steps (1 eagerly, k with `steps_per_loop=k`, 4 with
-"auto"), at each epoch start and at each checkpoint step, never at step 0.
+"auto"), at each epoch start, at each checkpoint step and where the run starts.
 """
 
 import json
@@ -70,8 +70,10 @@ def lost_steps(nan_steps, *cadences, epoch_starts=()):
     for bad in nan_steps:
         kept = max(
             step
-            for step in range(1, bad)
-            if step in epoch_starts or any(cadence and step % cadence == 0 for cadence in cadences)
+            for step in range(0, bad)
+            if step == 0
+            or step in epoch_starts
+            or any(cadence and step % cadence == 0 for cadence in cadences)
         )
         start = max(kept, since.get(kept, kept))  # steps since the last rollback to the same state
         lost.extend(range(start + 1, bad + 1))
@@ -185,18 +187,45 @@ def test_a_rollback_shows_in_the_progress_output(tmp_path, capsys):
             assert "rollback" not in out
 
 
-@pytest.mark.parametrize("engine, bad_step", [("eager", 1), ("graph", 4), ("loop3", 3)])
-def test_a_blow_up_before_any_step_was_kept_is_an_error(engine, bad_step, tmp_path):
-    """The initial state is no good state: a blow-up before the first kept step stops, weights untouched."""
+@pytest.mark.parametrize("engine, bad_step", [("eager", 1), ("graph", 1), ("graph", 3), ("loop3", 2)])
+def test_a_blow_up_before_any_other_step_was_kept_goes_back_to_the_initial_state(engine, bad_step, tmp_path):
+    """The initial weights are a good state: a poisoned first batch is skipped as any other, within max_rollbacks."""
     x, y = data()
     model = make_model()
     run = trainer(model, model_dir=str(tmp_path), on_nonfinite="rollback", **ENGINES[engine])
+    run.fit(batches(x, y, nan_steps=(bad_step,)), epochs=1, verbose=0)
+    lost = lost_steps((bad_step,), keep_every(ENGINES[engine]))
+    assert lost == tuple(range(1, bad_step + 1))
+    reference = make_model()
+    trainer(reference, **ENGINES[engine]).fit(batches(x, y, without=lost), epochs=1, verbose=0)
+    assert_same_state(model, reference)
+    assert int(run.global_step.numpy()) == STEPS
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_a_negative_loss_is_compared_with_its_threshold_by_value(engine):
+    """A log-likelihood-like loss below zero: a spike is a loss above the threshold, whatever its sign."""
+    x, y = data()
+
+    def negative_loss(y_true, y_pred):
+        return keras.ops.mean(keras.ops.square(y_true - y_pred)) - 10.0
+
+    def run():
+        return tftrain.Trainer(
+            make_model(),
+            keras.optimizers.Adam(0.01),
+            negative_loss,
+            loss_spike_threshold=-5.0,
+            **ENGINES[engine],
+        )
+
+    trained = run()
+    history = trained.fit(batches(x, y), epochs=1, verbose=0)
+    assert int(trained.model.optimizer.iterations.numpy()) == STEPS and history.history["loss"][0] < -5
     with pytest.raises(
-        tftrain.NonFiniteLossError,
-        match=rf"step {bad_step}: the loss is not finite.*no good state to roll back",
+        tftrain.NonFiniteLossError, match=r"Training stopped at step 7 .*above loss_spike_threshold=-5"
     ):
-        run.fit(batches(x, y, nan_steps=(bad_step,)), epochs=1, verbose=0)
-    assert not os.path.exists(tmp_path / "checkpoints" / "ckpt-0.index")  # no step-0 checkpoint either
+        run().fit(batches(x, y, spike_steps=(7,)), epochs=1, verbose=0)
 
 
 def test_an_epoch_that_keeps_no_step_logs_nan(tmp_path):

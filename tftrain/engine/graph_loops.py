@@ -163,8 +163,9 @@ def make_graph_loop(
             def cond(i, examples, *rest):
                 del examples
                 going = i < steps_to_run
-                if stops:
-                    return tf.logical_and(going, finite_in_graph(carried_logs(rest), loss_limit))
+                if stops:  # the logs carried before the first step are placeholders, not a step's
+                    tested = tf.logical_or(tf.equal(i, 0), finite_in_graph(carried_logs(rest), loss_limit))
+                    return tf.logical_and(going, tested)
                 return going
 
             def body(i, examples, *rest):

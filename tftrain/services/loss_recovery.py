@@ -19,9 +19,9 @@ global steps alone, not on where host calls start (`steps_per_loop="auto"`
 may group steps differently from run to run), and every checkpoint step
 keeps one, so a run killed and rerun on its `model_dir` (which resumes at a
 checkpoint, with the rollback count saved in it) ends bit-identical to one
-that was not killed. The state a run starts from (step 0) is not a good
-state: a blow-up before the first state kept is an error, not a restart
-from the initial weights.
+that was not killed. The state a run starts from is kept too (step 0's:
+the initial weights are a good state), so a poisoned first batch is skipped
+as any other.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class LossRecovery(Service):
         step, first = progress.global_step, not self._started
         self._started = True
         due = first or progress.step_in_epoch == 0 or self._at_cadence(step)
-        if step == 0 or step == self._kept_at or not due:  # step 0: the initial state is no good state
+        if step == self._kept_at or not due:
             return
         self._kept_at = step
         if not run.keep_state(steps_kept_in_epoch=self._steps_kept_in_epoch if first else None):
@@ -146,11 +146,10 @@ class LossRecovery(Service):
         kept = run.kept_progress
         if kept is None:
             raise NonFiniteLossError(
-                f"Training stopped at step {step}: {what}, and there is no good state to roll back to: no "
-                f"step of this run was kept before it (states are kept every {self.nonfinite_policy.keep_every_steps} "
-                "step(s) and at each epoch start, from the first step on; the state at step 0 is the "
-                "initial one, and restarting from it would throw away the run). Check the first batches "
-                "and the initial weights, or lower the learning rate."
+                f"Training stopped at step {step}: {what}, and there is no good state to roll back to: the "
+                "state the run started from held NaN or infinite values, and none was kept since (states "
+                f"are kept where the run starts, every {self.nonfinite_policy.keep_every_steps} step(s) and "
+                "at each epoch start). Check the initial (or restored) weights, or lower the learning rate."
             )
         if len(self.rollbacks) >= self.nonfinite_policy.max_rollbacks:
             raise NonFiniteLossError(
