@@ -1,15 +1,23 @@
-"""A bit-exact copy of a step owner's training state, put back after a run that must leave no trace.
+"""The sandbox of a side run (`Trainer.check`, `Trainer.find_learning_rate`): the fit loop, leaving no trace.
 
 `StateCopy` keeps, on the host, the value of every variable a training step
 may change: the model's (its seed generators included), the optimizer's,
 the metrics', the owner's own checkpointed state (`checkpoint_state()`) and
 the global step; under a `tf.distribute` strategy, each replica's own value.
-`Trainer.find_learning_rate` and `Trainer.check` take one before their steps
-and put it back in a `finally`.
+`Sandbox` takes one, and sets aside everything else a `fit` changes: the
+engines' cache (their traces, `steps_per_loop="auto"`'s measurements), the
+model's step functions, `history` and `stop_training`, the NumPy and Python
+global random states, and the owner's run options and services (replaced for
+the side run: e.g. a temporary `model_dir`). All of it is put back on exit,
+also after an error or a KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
+import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +30,7 @@ from tftrain.checkpoint.state import training_state
 from tftrain.compat import keras_internals
 from tftrain.loops.owner import StepOwner
 
-__all__ = ["StateCopy"]
+__all__ = ["Sandbox", "StateCopy"]
 
 
 class StateCopy:
@@ -83,6 +91,66 @@ class StateCopy:
                 "`optimizer.build(variables)`) for a state left exactly as it was.",
                 stacklevel=stacklevel + 1,
             )
+
+
+# What a fit changes besides the variables: the engines' cache, and the model's attributes that fit sets.
+_ENGINE_CACHE = ("runners", "auto_steps", "_past_nonfinite", "_in_step_summaries")
+_ABSENT = object()
+_MODEL_ATTRIBUTES = ("history", "stop_training", "train_function", "test_function", "predict_function")
+
+
+class Sandbox:
+    """A side run's sandbox: the training state copied, the rest set aside, all put back on exit.
+
+    Args:
+        owner: The owner of the steps.
+        caller: The public name of the side run (for the warning of `StateCopy.warn_not_copied`).
+
+    Attributes:
+        copy: The `StateCopy` taken on entry (`take` it again for variables made later).
+        directory: A temporary directory of the side run's own, removed on exit.
+    """
+
+    def __init__(self, owner: StepOwner, caller: str):
+        self._owner, self._caller = owner, caller
+        self.copy = StateCopy(owner)
+        self.directory = ""
+        self._exit = contextlib.ExitStack()
+
+    def __enter__(self) -> Sandbox:
+        stack, owner = self._exit, self._owner
+        self.copy.take()
+        stack.callback(self.copy.warn_not_copied, self._caller, stacklevel=4)
+        self.directory = tempfile.mkdtemp(prefix=f"tftrain_{self._caller}_")
+        stack.callback(shutil.rmtree, self.directory, ignore_errors=True)
+        stack.callback(random.setstate, random.getstate())
+        stack.callback(np.random.set_state, np.random.get_state())
+        stack.callback(self.copy.restore)
+        _set_aside(stack, owner.model, _MODEL_ATTRIBUTES)
+        _set_aside(stack, owner.engines, _ENGINE_CACHE, {"runners": {}, "auto_steps": {}})
+        return self
+
+    def set_aside(self, target: Any, **values: Any) -> None:
+        """Sets attributes of `target` for the side run (e.g. the owner's `run_options`), put back on exit."""
+        _set_aside(self._exit, target, tuple(values), values)
+
+    def __exit__(self, *error: Any) -> None:
+        self._exit.close()
+
+
+def _set_aside(stack: contextlib.ExitStack, target: Any, names: tuple[str, ...], values: dict | None = None) -> None:
+    """Puts back each of `names` of `target` on exit; with `values`, sets them now (None where not given)."""
+    for name in names:
+        stack.callback(_put_back, target, name, getattr(target, name, _ABSENT))
+        if values is not None:
+            setattr(target, name, values.get(name))
+
+
+def _put_back(target: Any, name: str, value: Any) -> None:
+    if value is not _ABSENT:
+        setattr(target, name, value)
+    elif hasattr(target, name):
+        delattr(target, name)
 
 
 def _variables_in(value: Any) -> Iterator[Any]:
