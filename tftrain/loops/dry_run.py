@@ -32,7 +32,6 @@ import math
 import os
 import re
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -234,14 +233,9 @@ def _run_stages(
     options = dataclasses.replace(owner.run_options, model_dir=os.path.join(sandbox.directory, "run"),
                                   profile_steps=None, preemption_signals=(), resume_from=None, count_flops=False)  # fmt: skip
     sandbox.set_aside(owner, run_options=options)
-    runner = owner.engines.runner("train")
-    if hasattr(runner.step, "get_concrete_function"):  # traced first: the variables it makes are copied
-        runner.step.get_concrete_function(call.plan.next_iterator().element_spec)
-    sandbox.copy.take()
-    with warnings.catch_warnings():
-        # The budget's second epoch may end the data; the temporary model_dir's checkpoints, not the run's.
-        warnings.filterwarnings("ignore", message=".*(ran out of data|cannot be checkpointed)")
-        fit_loop.run_fit(owner, budget)
+    trace_s = sandbox.trace_training_step(call.plan)
+    fit_loop.run_fit(owner, budget)
+    stages.times["train"][0] += trace_s
     stages.ran_fit(f"{steps} step{'s' if steps > 1 else ''} per call of the training step", validation is not None)
     stages.enter("checkpoint")
     saved, restored = _round_trip(owner, sandbox)

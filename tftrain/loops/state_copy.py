@@ -18,6 +18,7 @@ import contextlib
 import random
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +29,7 @@ import tensorflow as tf
 
 from tftrain.checkpoint.state import training_state
 from tftrain.compat import keras_internals
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops.owner import StepOwner
 
 __all__ = ["Sandbox", "StateCopy"]
@@ -126,9 +128,21 @@ class Sandbox:
         stack.callback(random.setstate, random.getstate())
         stack.callback(np.random.set_state, np.random.get_state())
         stack.callback(self.copy.restore)
+        stack.enter_context(warnings.catch_warnings())
+        # A budget's last epoch may end the data; a side run's checkpoints are not the run's.
+        warnings.filterwarnings("ignore", message=".*(ran out of data|cannot be checkpointed)")
         _set_aside(stack, owner.model, _MODEL_ATTRIBUTES)
         _set_aside(stack, owner.engines, _ENGINE_CACHE, {"runners": {}, "auto_steps": {}})
         return self
+
+    def trace_training_step(self, plan: EpochPlan) -> float:
+        """Traces the training step before the side run, and copies the variables it made; returns its seconds."""
+        start = time.perf_counter()
+        runner = self._owner.engines.runner("train")
+        if hasattr(runner.step, "get_concrete_function"):
+            runner.step.get_concrete_function(plan.next_iterator().element_spec)
+        self.copy.take()  # the variables the trace made, at their initial values
+        return time.perf_counter() - start
 
     def set_aside(self, target: Any, **values: Any) -> None:
         """Sets attributes of `target` for the side run (e.g. the owner's `run_options`), put back on exit."""
