@@ -27,7 +27,6 @@ the state is put back and `DryRunError` raised, naming the stage.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import os
 import re
@@ -36,10 +35,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from tftrain import checkpoint as checkpoint_lib
 from tftrain.arguments import check_verbose
 from tftrain.errors import DryRunError
 from tftrain.fit_inputs import inputs
@@ -187,97 +184,93 @@ def run_check(
         TypeError, ValueError: a bad `export` or `verbose` (before anything runs).
         DryRunError: a stage failed (its error chained).
     """
-    verbose = check_verbose(verbose)
-    export_arguments = check_export(export)
-    start, stages, failure = time.perf_counter(), _Stages(), None
+    verbose, export_arguments = check_verbose(verbose), check_export(export)
+    start, stages = time.perf_counter(), _Stages()
     try:
         with Sandbox(owner, "check") as sandbox:
-            _run_stages(owner, fit_arguments, sandbox, stages, export_arguments, export_to)
+            _run_stages(owner, fit_arguments, sandbox, stages)
+            if export_arguments is None:
+                stages.skip("export", "not asked for (`export=True`)")
+            else:  # quiet by default: Keras's message would name the temporary directory
+                stages.enter("export")
+                export_to(os.path.join(sandbox.directory, "export"), **{"verbose": False, **export_arguments})
+                stages.ran("export", "to a temporary directory")
     except Exception as error:
-        failure = error
-        stages.failed(error)
+        stages.fail(error)
     report = DryRunReport(owner.engines.options.name, stages.report(), time.perf_counter() - start)
     if verbose:
         print(report.summary())
-    if failure is not None:
+    if stages.error is not None:
         failed = report.failed_stage
         raise DryRunError(
             f"The dry run failed in its {failed.name!r} stage: {failed.error} (everything was put back "
             "as it was: fix this and run `check` again).",
             stage=failed.name,
             report=report,
-        ) from failure
+        ) from stages.error
     return report
 
 
-def _run_stages(
-    owner: StepOwner,
-    arguments: preparation.FitArguments,
-    sandbox: Sandbox,
-    stages: _Stages,
-    export_arguments: dict[str, Any] | None,
-    export_to: Callable[..., None],
-) -> None:
-    """Runs every stage in the sandbox, filing each with `stages`; raises the first stage's error."""
+def _run_stages(owner: StepOwner, arguments: preparation.FitArguments, sandbox: Sandbox, stages: _Stages) -> None:
+    """Runs the stages but the export in the sandbox, filing each with `stages`; raises the first stage's error."""
     call = preparation.fit_call(owner, arguments)
-    sandbox.copy.take()  # variables the preparation built, at their initial values
+    sandbox.copy.take()  # the variables the preparation built, at their initial values
     stages.ran("prepare", "fit's arguments checked, inputs adapted, variables built")
-    stages.enter("train", timed=False)
-    steps = min(owner.engines.options.fixed_steps, call.plan.steps or math.inf)
-    call.plan.steps_per_epoch = steps  # the budget: two epochs of one call, one batch per validation
+    if call.validation is None:
+        stages.skip("validate", "no validation data (`validation_data`, `validation_split`)")
+    # The budget: two epochs of one call (the first and the steady one), one batch per validation.
+    steps = call.plan.steps_per_epoch = min(owner.engines.options.fixed_steps, call.plan.steps or math.inf)
     validation = call.validation and preparation.ValidationData(lambda: _one_batch(call.validation.plan), deferred=True)
     budget = dataclasses.replace(
         call, epochs=2, initial_epoch=0, total_steps=None, callbacks=[stages], verbose=0, validation=validation,
         validation_freq=1, validation_every_steps=None,
     )  # fmt: skip
-    options = dataclasses.replace(owner.run_options, model_dir=os.path.join(sandbox.directory, "run"),
-                                  profile_steps=None, preemption_signals=(), resume_from=None, count_flops=False)  # fmt: skip
-    sandbox.set_aside(owner, run_options=options)
+    sandbox.run_with(model_dir=os.path.join(sandbox.directory, "run"))  # the run's services, writing there
+    stages.enter("train", timed=False)
     trace_s = sandbox.trace_training_step(call.plan)
     fit_loop.run_fit(owner, budget)
     stages.times["train"][0] += trace_s
-    stages.ran_fit(f"{steps} step{'s' if steps > 1 else ''} per call of the training step", validation is not None)
+    stages.ran("train", f"{steps} step{'s' if steps > 1 else ''} per call of the training step", steady=True)
+    if validation is not None:
+        stages.ran("validate", "1 batch per call of the evaluation step", steady=True)
     stages.enter("checkpoint")
-    saved, restored = _round_trip(owner, sandbox)
-    stages.ran("checkpoint", f"the run's, then one saved in {saved:.3f} s, restored in {restored:.3f} s, every variable back")
-    x, argument, batch_size = _prediction_input(arguments)
+    save_s, restore_s = sandbox.round_trip()
+    stages.ran("checkpoint", f"saved in {save_s:.3f} s, restored in {restore_s:.3f} s, every variable back", save_s + restore_s)
+    x, argument, batch_size = arguments.x, "x", arguments.batch_size
+    if arguments.validation_data is not None:  # its inputs, as `predict` reads them
+        x, argument = keras.utils.unpack_x_y_sample_weight(arguments.validation_data)[0], "validation_data"
+        batch_size = arguments.validation_batch_size or batch_size
     if inputs.input_kind(x) == "generator":
-        stages.skip("predict", f"`{argument}` is a generator, read once by then")
-    else:
-        stages.enter("predict")
-        data = inputs.adapt(x, batch_size=batch_size, argument=argument)
-        if inputs.input_kind(x) != "arrays" and isinstance(data.dataset, tf.data.Dataset):
-            data = dataclasses.replace(data, dataset=data.dataset.map(_inputs_only))  # a batch's inputs alone
-        plan = _one_batch(preparation.plan_of(owner, data))
-        for _ in range(2):  # the first call, and the steady one
-            inference.run_prediction(owner, plan, inference.callback_list([stages], 0, plan, owner.model))
-        plan.close()
-        stages.ran("predict", f"1 batch per call of the prediction step, on `{argument}`", calls="predict")
-    if export_arguments is None:
-        stages.skip("export", "not asked for (`export=True`)")
-    else:
-        stages.enter("export")
-        # Quiet by default: Keras's message would name the temporary directory.
-        export_to(os.path.join(sandbox.directory, "export"), **{"verbose": False, **export_arguments})
-        stages.ran("export", "to a temporary directory")
+        return stages.skip("predict", f"`{argument}` is a generator, read once by then")
+    data = inputs.adapt(x, batch_size=batch_size, argument=argument)
+    if inputs.input_kind(x) != "arrays" and isinstance(data.dataset, tf.data.Dataset):
+        data = dataclasses.replace(data, dataset=data.dataset.map(_inputs_only))  # a batch's inputs alone
+    plan = _one_batch(preparation.plan_of(owner, data))
+    stages.enter("predict", timed=False)
+    for _ in range(2):  # the first call, and the steady one
+        inference.run_prediction(owner, plan, inference.callback_list([stages], 0, plan, owner.model))
+    plan.close()
+    stages.ran("predict", f"1 batch per call of the prediction step, on `{argument}`", steady=True)
 
 
 class _Stages(keras.callbacks.Callback):
-    """The stages run so far, and the stage running now: the budgeted fit's callback tells them apart.
+    """The stages filed so far, and the stage running now, told apart by the budgeted fit's hooks.
 
-    Each stage's calls are timed from its hooks (an epoch's training from its
-    begin hook to the validation's, the epoch end's services to the next
-    epoch): the first epoch's time is the first call's, the second the steady call's.
+    Each stage's calls are timed from hook to hook: an epoch's training from
+    its begin hook to its validation's (or its end hook), the validation to
+    its end hook; the services' epoch end (the best checkpoint, the
+    checkpoints) runs as the `"checkpoint"` stage.
     """
 
     def __init__(self):
         super().__init__()
         self.stages: dict[str, DryRunStage] = {}
         self.times: dict[str, list[float]] = {}
+        self.error: Exception | None = None
         self.current, self._timed, self._start = "prepare", True, time.perf_counter()
 
     def enter(self, name: str, *, timed: bool = True) -> None:
-        """The stage `name` runs from now (timed: a call of it); files the time of the one before."""
+        """The stage `name` runs from now (timed: a call of it); files the time of the call before."""
         now = time.perf_counter()
         if self._timed:
             self.times.setdefault(self.current, []).append(now - self._start)
@@ -289,95 +282,52 @@ class _Stages(keras.callbacks.Callback):
     def on_test_begin(self, logs: Any = None) -> None:
         self.enter("validate")
 
+    def on_predict_begin(self, logs: Any = None) -> None:
+        self.enter("predict")
+
     def on_test_end(self, logs: Any = None) -> None:
         self.enter("train", timed=False)
 
+    on_predict_end = on_test_end
+
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self.enter("checkpoint")  # the services' epoch end: the best checkpoint, the checkpoints
+        self.enter("checkpoint")  # the services' epoch end
 
     def on_train_end(self, logs: Any = None) -> None:
         self.enter("checkpoint", timed=False)
 
-    def on_predict_begin(self, logs: Any = None) -> None:
-        self.enter("predict")
-
-    def on_predict_end(self, logs: Any = None) -> None:
-        self.enter("predict", timed=False)
-
-    def ran(self, name: str, detail: str, *, calls: str | None = None) -> None:
-        """Files stage `name` as run: its calls' times where it has calls, else the time since it began."""
-        self.enter(name, timed=calls is None)
-        times = self.times.get(calls or name, [])
-        seconds, steady = (times[0] if times else None), (times[1] if len(times) > 1 else None)
-        self.stages[name] = DryRunStage(name, True, seconds=seconds, steady_seconds=steady if calls else None, detail=detail)
-
-    def ran_fit(self, train_detail: str, validated: bool) -> None:
-        """Files the stages the budgeted fit ran: training and validation."""
-        self.ran("train", train_detail, calls="train")
-        if validated:
-            self.ran("validate", "1 batch per call of the evaluation step", calls="validate")
-        else:
-            self.skip("validate", "no validation data (`validation_data`, `validation_split`)")
+    def ran(self, name: str, detail: str, seconds: float | None = None, *, steady: bool = False) -> None:
+        """Files stage `name` as run: its first call's time (or `seconds`), and its second (`steady`)."""
+        self.enter(name, timed=False)
+        times = self.times.get(name, [None])
+        steady_s = times[1] if steady and len(times) > 1 else None
+        self.stages[name] = DryRunStage(name, True, seconds or times[0], steady_s, detail)
 
     def skip(self, name: str, detail: str) -> None:
         self.stages[name] = DryRunStage(name, False, detail=detail)
 
-    def failed(self, error: Exception) -> None:
-        """Files the error of the stage running now (those before it as they ran)."""
-        name, seconds = self.current, time.perf_counter() - self._start
-        if name in ("validate", "checkpoint"):
-            self.ran_fit(self.stages.get("train", DryRunStage("train", True)).detail, "validate" in self.times)
-        self.stages[name] = DryRunStage(name, True, seconds=seconds, error=_one_line(error))
+    def fail(self, error: Exception) -> None:
+        """Files the error of the stage running now."""
+        self.error, self.stages[self.current] = error, DryRunStage(
+            self.current, True, seconds=time.perf_counter() - self._start, error=_one_line(error)
+        )
 
     def report(self) -> tuple[DryRunStage, ...]:
-        """Every stage in order; after a failed one, none ran."""
-        failed = next((name for name in STAGES if name in self.stages and self.stages[name].error), None)
-        after = failed is not None and STAGES[STAGES.index(failed) + 1 :]
-        return tuple(
-            DryRunStage(name, False, detail=f"the {failed!r} stage failed") if after and name in after else self.stages[name]
-            for name in STAGES
+        """Every stage in order: where one failed, those before it as far as they ran, none after it."""
+        if self.error is None:
+            return tuple(self.stages[name] for name in STAGES)
+        failed = self.current
+        stages = [self.stages.get(name) or DryRunStage(name, True, (self.times.get(name) or [None])[0]) for name in STAGES]
+        index = STAGES.index(failed)
+        return tuple(stages[: index + 1]) + tuple(
+            DryRunStage(name, False, detail=f"the {failed!r} stage failed") for name in STAGES[index + 1 :]
         )
 
 
 def _one_batch(plan: EpochPlan) -> EpochPlan:
-    """`plan`, its passes cut to one batch (the dry run's budget of a validation or prediction)."""
+    """`plan`, its passes cut to one batch (the dry run's budget of a validation or a prediction)."""
     plan.steps_per_epoch = 1
     return plan
-
-
-def _round_trip(owner: StepOwner, sandbox: Sandbox) -> tuple[float, float]:
-    """Saves and restores the training state in the sandbox; every variable must come back. Returns both times."""
-    checkpointer = checkpoint_lib.Checkpointer(
-        os.path.join(sandbox.directory, "round_trip"),
-        lambda: checkpoint_lib.training_state(owner.model, owner.checkpoint_state()),
-        max_to_keep=1,
-        global_step=owner.global_step,
-        async_write=owner.run_options.async_checkpoint,
-    )
-    variables = sandbox.copy.variables()
-    saved = _fingerprints(variables)
-    start = time.perf_counter()
-    checkpointer.save(checkpoint_lib.Progress(global_step=int(owner.global_step.numpy())))
-    checkpointer.sync()
-    middle = time.perf_counter()
-    sandbox.copy.zero()  # a variable the restore misses would stay zero
-    checkpointer.restore_latest()
-    end = time.perf_counter()
-    differing = [v.name for v, a, b in zip(variables, saved, _fingerprints(variables), strict=True) if a != b]
-    if differing:
-        raise ValueError(
-            f"The checkpoint saved did not restore {len(differing)} variables to their saved values "
-            f"(e.g. {differing[0]}). Expected every variable of the training state back."
-        )
-    return middle - start, end - middle
-
-
-def _prediction_input(arguments: preparation.FitArguments) -> tuple[Any, str, int | None]:
-    """What the predict stage reads: the validation data's inputs, else the training inputs (and their batch size)."""
-    if arguments.validation_data is not None:
-        x = keras.utils.unpack_x_y_sample_weight(arguments.validation_data)[0]
-        return x, "validation_data", arguments.validation_batch_size or arguments.batch_size
-    return arguments.x, "x", arguments.batch_size
 
 
 # First lines that only announce the message on the lines after them.
@@ -397,13 +347,6 @@ def _one_line(error: BaseException) -> str:
         ]
         text = f"{text} {message[0]}" if message else text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _fingerprints(variables: list[Any]) -> list[bytes]:
-    """A digest of each variable's value (a distributed one's value as a whole, as a checkpoint saves it)."""
-    return [
-        hashlib.blake2b(np.ascontiguousarray(v.numpy()).tobytes(), digest_size=16).digest() for v in variables
-    ]
 
 
 def _inputs_only(*batch: Any) -> Any:

@@ -152,74 +152,42 @@ def suggest(rates: list[float], smoothed: list[float]) -> tuple[float | None, st
     return rates[kept[steepest]], None
 
 
-class _LearningRate:
-    """Sets the optimizer's learning rate for each step, and puts back what it was.
-
-    A learning rate held in a variable (a float given to the optimizer) is
-    assigned; a `LearningRateSchedule` (or a callable) is replaced by a
-    variable for the sweep and put back after it.
-    """
-
-    def __init__(self, optimizer: keras.optimizers.Optimizer, strategy: tf.distribute.Strategy):
-        self._optimizer = optimizer
-        self._original = keras_internals.learning_rate_object(optimizer)
-        self._replaced = not isinstance(self._original, keras.Variable | tf.Variable)
-        if self._replaced:
-            with strategy.scope():
-                self.variable = keras.Variable(
-                    0.0, dtype=keras.config.floatx(), trainable=False, name="lr_sweep_learning_rate",
-                    aggregation="only_first_replica",
-                )  # fmt: skip
-        else:
-            self.variable = self._original
-
-    def install(self) -> None:
-        if self._replaced:
-            # As a callable learning rate: a variable there Keras takes for the optimizer's own.
-            keras_internals.set_learning_rate_object(self._optimizer, lambda: self.variable)
-
-    def remove(self) -> None:
-        if self._replaced:
-            keras_internals.set_learning_rate_object(self._optimizer, self._original)
-
-
 class _Sweep(Service):
-    """The sweep's service: sets each step's learning rate, records its loss, stops where the loss diverges."""
+    """The sweep's service: sets each step's learning rate, records its loss, stops the run where it diverges."""
 
     name = "lr_sweep"
     reads_every_call = True
 
     def __init__(self, owner: StepOwner, rates: list[float], smoothing: float, stop_factor: float, monitor: str):
         self.owner, self.rates, self.smoothing, self.stop_factor, self.monitor = owner, rates, smoothing, stop_factor, monitor
-        self.rate = _LearningRate(owner.model.optimizer, owner.engines.strategy)
         self.losses: list[float] = []
         self.smoothed: list[float] = []
         self.stop_reason: str | None = None
-        self._average, self._lowest = 0.0, math.inf
+        self.learning_rate: Any = None  # the variable the steps read (`_learning_rate_variable`)
+        self._average = 0.0
 
     def next_stop(self, step: int) -> int:
         return step + 1  # one step per call, at its own learning rate
 
     def before_call(self, run: Any) -> None:
-        self.rate.variable.assign(self.rates[len(self.losses)])
+        self.learning_rate.assign(self.rates[len(self.losses)])
         self.owner.reset_metrics()  # the `loss` log of Keras's step is a mean since the last reset: this step's alone
 
     def after_call(self, run: Any, result: Any) -> None:
-        index, learning_rate = len(self.losses), self.rates[len(self.losses)]
-        loss = _loss_of(result.logs, self.monitor)
+        index, lowest = len(self.losses), min(self.smoothed, default=math.inf)
+        loss, rate = _loss_of(result.logs, self.monitor), self.rates[index]
         self._average = self.smoothing * self._average + (1 - self.smoothing) * loss
         value = self._average / (1 - self.smoothing ** (index + 1))  # bias-corrected
         self.losses.append(loss)
         self.smoothed.append(value)
         if not math.isfinite(value):
-            self.stop_reason = f"the loss was not finite ({loss}) at learning rate {learning_rate:.3g}"
+            self.stop_reason = f"the loss was not finite ({loss}) at learning rate {rate:.3g}"
         # `stop_factor` times the lowest smoothed loss, for a positive loss; above it by as much in general.
-        elif value - self._lowest > (self.stop_factor - 1) * abs(self._lowest):
+        elif value - lowest > (self.stop_factor - 1) * abs(lowest):
             self.stop_reason = (
                 f"the smoothed loss ({value:.4g}) rose above {self.stop_factor:g} times its lowest "
-                f"({self._lowest:.4g}) at learning rate {learning_rate:.3g}"
+                f"({lowest:.4g}) at learning rate {rate:.3g}"
             )
-        self._lowest = min(self._lowest, value)
         self.owner.model.stop_training = self.stop_reason is not None
 
     def result(self) -> LearningRateSweep:
@@ -227,14 +195,9 @@ class _Sweep(Service):
             self.stop_reason = f"the data ended after {len(self.losses)} steps (a generator is read once)"
         suggestion, no_suggestion_reason = suggest(self.rates, self.smoothed)
         return LearningRateSweep(
-            learning_rates=self.rates[: len(self.losses)],
-            losses=self.losses,
-            smoothed_losses=self.smoothed,
-            suggestion=suggestion,
-            stopped_early=self.stop_reason is not None,
-            stop_reason=self.stop_reason,
-            no_suggestion_reason=no_suggestion_reason,
-        )
+            self.rates[: len(self.losses)], self.losses, self.smoothed, suggestion, self.stop_reason is not None,
+            self.stop_reason, no_suggestion_reason,
+        )  # fmt: skip
 
 
 def _loss_of(logs: Any, monitor: str) -> float:
@@ -245,6 +208,28 @@ def _loss_of(logs: Any, monitor: str) -> float:
             f"returned the logs {keys}. Expected the name of the step's loss log."
         )
     return float(np.mean(np.asarray(logs[monitor], dtype=np.float64)))
+
+
+def _learning_rate_variable(owner: StepOwner, sandbox: Sandbox) -> Any:
+    """The variable the sweep's steps read their learning rate from.
+
+    A learning rate held in a variable (a float given to the optimizer) is
+    that variable (put back with the state); a `LearningRateSchedule` (or a
+    callable) is replaced by a variable for the sweep, and put back after it.
+    """
+    optimizer, strategy = owner.model.optimizer, owner.engines.strategy
+    original = keras_internals.learning_rate_object(optimizer)
+    if isinstance(original, keras.Variable | tf.Variable):
+        return original
+    with strategy.scope():
+        variable = keras.Variable(
+            0.0, dtype=keras.config.floatx(), trainable=False, name="lr_sweep_learning_rate",
+            aggregation="only_first_replica",
+        )  # fmt: skip
+    # As a callable learning rate: a variable there Keras takes for the optimizer's own.
+    keras_internals.set_learning_rate_object(optimizer, lambda: variable)
+    sandbox.on_exit(keras_internals.set_learning_rate_object, optimizer, original)
+    return variable
 
 
 def find_learning_rate(
@@ -278,18 +263,12 @@ def find_learning_rate(
     sweep = _Sweep(owner, learning_rates(min_lr, max_lr, steps), smoothing, stop_factor, monitor)
     with Sandbox(owner, "find_learning_rate") as sandbox:
         # No model_dir, no NaN guard (the sweep stops at a non-finite loss), no service but the sweep.
-        options = dataclasses.replace(
-            owner.run_options, model_dir=None, terminate_on_nan=False, profile_steps=None, count_flops=False
-        )
-        sandbox.set_aside(owner, run_options=options, services=(sweep,))
+        sandbox.run_with(model_dir=None, terminate_on_nan=False)
+        sandbox.set_aside(owner, services=(sweep,))
+        sweep.learning_rate = _learning_rate_variable(owner, sandbox)
         # The data read in order: `steps` batches, cycled where it ends (a generator, read once, is not).
         budget = {"steps_per_epoch" if inputs.input_kind(x) == "generator" else "total_steps": steps}
-        arguments = preparation.FitArguments(x, y, batch_size, shuffle=False, verbose=0, **budget)
-        call = preparation.fit_call(owner, arguments)
-        sweep.rate.install()
-        try:
-            sandbox.trace_training_step(call.plan)
-            fit_loop.run_fit(owner, call)
-        finally:
-            sweep.rate.remove()
+        call = preparation.fit_call(owner, preparation.FitArguments(x, y, batch_size, shuffle=False, verbose=0, **budget))
+        sandbox.trace_training_step(call.plan)
+        fit_loop.run_fit(owner, call)
     return sweep.result()

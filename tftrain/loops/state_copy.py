@@ -15,19 +15,23 @@ also after an error or a KeyboardInterrupt.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import os
 import random
 import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain.checkpoint.state import training_state
+from tftrain.checkpoint.checkpointer import Checkpointer
+from tftrain.checkpoint.state import Progress, training_state
 from tftrain.compat import keras_internals
 from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops.owner import StepOwner
@@ -144,6 +148,46 @@ class Sandbox:
         self.copy.take()  # the variables the trace made, at their initial values
         return time.perf_counter() - start
 
+    def run_with(self, **changes: Any) -> None:
+        """Sets the owner's run options for the side run: `changes`, and nothing that reaches past the side run.
+
+        No profiler window, signal handler, `resume_from` or FLOPs count: put back on exit.
+        """
+        options = self._owner.run_options
+        self.set_aside(self._owner, run_options=dataclasses.replace(
+            options, profile_steps=None, preemption_signals=(), resume_from=None, count_flops=False, **changes
+        ))  # fmt: skip
+
+    def round_trip(self) -> tuple[float, float]:
+        """Saves the training state to a checkpoint in `directory` and restores it; returns both times.
+
+        Raises:
+            ValueError: a variable did not come back to its saved value.
+            tftrain.checkpoint.CheckpointError: the checkpoint cannot be written or read.
+        """
+        owner, variables = self._owner, self.copy.variables()
+        checkpointer = Checkpointer(
+            os.path.join(self.directory, "round_trip"), lambda: training_state(owner.model, owner.checkpoint_state()),
+            max_to_keep=1, global_step=owner.global_step, async_write=owner.run_options.async_checkpoint,
+        )  # fmt: skip
+        saved, start = _fingerprints(variables), time.perf_counter()
+        checkpointer.save(Progress(global_step=int(owner.global_step.numpy())))
+        checkpointer.sync()
+        self.copy.zero()  # a variable the restore misses would stay zero
+        middle = time.perf_counter()
+        checkpointer.restore_latest()
+        differing = [v.name for v, a, b in zip(variables, saved, _fingerprints(variables), strict=True) if a != b]
+        if differing:
+            raise ValueError(
+                f"The checkpoint saved did not restore {len(differing)} variables to their saved values "
+                f"(e.g. {differing[0]}). Expected every variable of the training state back."
+            )
+        return middle - start, time.perf_counter() - middle
+
+    def on_exit(self, function: Callable[..., Any], *args: Any) -> None:
+        """Calls `function(*args)` on exit (first of all), to put back something else the side run changed."""
+        self._exit.callback(function, *args)
+
     def set_aside(self, target: Any, **values: Any) -> None:
         """Sets attributes of `target` for the side run (e.g. the owner's `run_options`), put back on exit."""
         _set_aside(self._exit, target, tuple(values), values)
@@ -165,6 +209,13 @@ def _put_back(target: Any, name: str, value: Any) -> None:
         setattr(target, name, value)
     elif hasattr(target, name):
         delattr(target, name)
+
+
+def _fingerprints(variables: list[Any]) -> list[bytes]:
+    """A digest of each variable's value (a distributed one's value as a whole, as a checkpoint saves it)."""
+    return [
+        hashlib.blake2b(np.ascontiguousarray(v.numpy()).tobytes(), digest_size=16).digest() for v in variables
+    ]
 
 
 def _variables_in(value: Any) -> Iterator[Any]:
