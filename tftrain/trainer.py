@@ -606,12 +606,15 @@ class Trainer:
         before `fit(**fit_args)`, and runs on the engine that `fit` would use
         (eager, `tf.function`, XLA, `steps_per_loop`, the strategy), in
         order: `"prepare"` (`fit`'s argument checks, inputs adapted,
-        variables built), `"train"` (one host call of the training step, and
-        a second timed as the steady call), `"validate"` (one batch of the
-        validation data through the evaluation step, where `fit` has
-        validation data, whatever `validation_freq`), `"checkpoint"` (the
-        training state saved and restored in a temporary directory, every
-        variable checked to come back), `"predict"` (one batch of the
+        variables built), then the fit loop itself with a budget of two
+        epochs, in a temporary `model_dir`: `"train"` (one host call of the
+        training step each epoch, the second timed as the steady call),
+        `"validate"` (one batch of the validation data through the
+        evaluation step after each epoch, where `fit` has validation data,
+        whatever `validation_freq`), `"checkpoint"` (the services' epoch end,
+        as in the run: e.g. the best checkpoint's monitor; then the training
+        state saved and restored, every variable checked to come back),
+        `"predict"` (one batch of the
         validation data's inputs, else `x`, through the prediction step) and
         `"export"` (with `export`: `export` to a temporary directory).
 

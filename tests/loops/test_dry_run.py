@@ -219,6 +219,22 @@ class PerExample(keras.Model):
         return self.dense(x) / float(int(x.shape[0]))
 
 
+def test_a_misspelled_best_checkpoint_monitor_fails_the_check_not_the_fit(tiny_data, tmp_path):
+    """The run's services check at each epoch end what they monitor: the check runs them."""
+    x, y = tiny_data
+    model_dir = tmp_path / "run"
+    trainer = tftrain.Trainer(make_mlp(), **compile_args(), model_dir=str(model_dir), best_checkpoint_monitor="val_los")
+    weights = model_variables(trainer)
+
+    with pytest.raises(tftrain.DryRunError, match="'checkpoint' stage: ValueError: .*'val_los'") as caught:
+        trainer.check(x[:40], y[:40], batch_size=8, validation_data=(x[40:], y[40:]), epochs=2, verbose=0)
+
+    assert caught.value.stage == "checkpoint"
+    assert [stage.ran for stage in caught.value.report.stages] == [True, True, True, True, False, False]
+    assert_as_built(trainer, weights)
+    assert not model_dir.exists()
+
+
 def test_a_failing_export_is_named_export(tiny_dataset, quiet_temp):
     keras.utils.set_random_seed(1)
     trainer = tftrain.Trainer(PerExample(), **compile_args())

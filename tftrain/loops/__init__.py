@@ -16,8 +16,9 @@ A `fit` call goes `tftrain.trainer` -> `fit_loop` -> `epoch_loop` ->
   (the services' `RunState`).
 - `trainer_engines`: `Engines`, a Trainer's step runners, one per kind of step,
   built once and cached.
-- `dry_run`, `lr_sweep`, `state_copy`: `Trainer.check`, `find_learning_rate`
-  and the training state they put back.
+- `dry_run`, `lr_sweep`: `Trainer.check` and `find_learning_rate`, the fit
+  loop run with a budget in a `state_copy.Sandbox` (the training state and
+  the engines' cache put back, a temporary directory, no user callbacks).
 - `owner`: `StepOwner`, what the loops need of the Trainer (they never import it).
 - `hooks`: Keras callback plumbing (batch hooks).
 

@@ -1,55 +1,49 @@
-"""The dry run before a long run: `Trainer.check`, each stage of a `fit` once, timed, and everything put back.
+"""The dry run before a long run: `Trainer.check`, the fit loop with a budget, timed, then everything put back.
 
 A long run that fails at its first validation, checkpoint or export has lost
 an epoch. `run_check` takes `fit`'s own arguments and runs, in seconds, what
-the run will do, in its order: the call's preparation (`fit`'s argument
-checks, inputs adapted, variables built), one host call of training (and a
-second, timed as the steady call), one batch of validation through the
-evaluation step, a checkpoint saved and restored in a temporary directory
-(every variable checked to come back), one batch of prediction and, where
-asked, an export to a temporary directory. Each stage runs on the engine the
-`fit` would use (eager, `tf.function`, XLA, k steps per call, the strategy,
-the mixed-precision policy), through step loops made for the check alone
-(`Engines.new_runner`): the Trainer's own engines, their traces and
-`steps_per_loop="auto"`'s measurements are not touched.
+the run will do, in its order, through the same code: `fit`'s preparation
+(`fit`'s argument checks, inputs adapted, variables built), then the fit
+loop (`fit_loop.run_fit`) with a budget of two epochs of one host call each,
+each validated on one batch, in a `Sandbox` whose `model_dir` is a temporary
+directory: the run's services do there what they do in the run (checkpoints,
+the best checkpoint and its monitor, summaries, the run record). Then the
+training state is saved and restored (every variable checked to come back),
+one batch is predicted and, where asked, the model exported. The first epoch
+times each stage's first call (the trace, XLA compilation, and the steps), the
+second its steady call. Each runs on the engine the `fit` would use (eager,
+`tf.function`, XLA, k steps per call, the strategy, the mixed-precision
+policy), through engines made for the check alone.
 
-Then everything is put back, also after an error or a KeyboardInterrupt:
-every variable of the training state, bit for bit (`StateCopy`: the model,
-its seed generators, the optimizer, the metrics, `checkpoint_state()`, the
-global step), and the NumPy and Python global random states. No callback
-hook runs, nothing is written to `model_dir` (nor is it read or created),
-and `trainer.timing` is the last fit's. The first failing stage stops the
-check: the state is put back and `DryRunError` raised, naming the stage.
+Then everything is put back (`Sandbox`), also after an error or a
+KeyboardInterrupt: every variable of the training state, bit for bit, the
+NumPy and Python global random states, the Trainer's engines (their traces,
+`steps_per_loop="auto"`'s measurements). No callback hook of the user's runs,
+nothing is written to `model_dir` (nor is it read or created), and
+`trainer.timing` is the last fit's. The first failing stage stops the check:
+the state is put back and `DryRunError` raised, naming the stage.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
+import math
 import os
-import random
 import re
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from tftrain import checkpoint as checkpoint_lib
 from tftrain.arguments import check_verbose
-from tftrain.engine.calls import LoopResult
-from tftrain.engine.step_runner import StepRunner
-from tftrain.errors import DryRunError, NonFiniteLossError
+from tftrain.errors import DryRunError
 from tftrain.fit_inputs import inputs
 from tftrain.fit_inputs.epoch_plan import EpochPlan
-from tftrain.loops import preparation
+from tftrain.loops import fit_loop, inference, preparation
 from tftrain.loops.owner import StepOwner
-from tftrain.loops.state_copy import StateCopy
+from tftrain.loops.state_copy import Sandbox
 
 __all__ = ["STAGES", "DryRunReport", "DryRunStage", "check_export", "run_check"]
 
@@ -190,47 +184,150 @@ def run_check(
         TypeError, ValueError: a bad `export` or `verbose` (before anything runs).
         DryRunError: a stage failed (its error chained).
     """
-    verbose = check_verbose(verbose)
-    export_arguments = check_export(export)
-    start = time.perf_counter()
-    run = _DryRun(owner, fit_arguments, export_to if export_arguments is not None else None, export_arguments)
-    stages: list[DryRunStage] = []
-    error: Exception | None = None
+    verbose, export_arguments = check_verbose(verbose), check_export(export)
+    start, stages = time.perf_counter(), _Stages()
     try:
-        for name in STAGES:
-            if error is None:
-                stage, error = _run_stage(run, name)
-            else:
-                stage = DryRunStage(name, False, detail=f"the {_failed_name(stages)!r} stage failed")
-            stages.append(stage)
-    finally:
-        run.put_back()
-    report = DryRunReport(owner.engines.options.name, tuple(stages), time.perf_counter() - start)
+        with Sandbox(owner, "check") as sandbox:
+            _run_stages(owner, fit_arguments, sandbox, stages)
+            if export_arguments is None:
+                stages.skip("export", "not asked for (`export=True`)")
+            else:  # quiet by default: Keras's message would name the temporary directory
+                stages.enter("export")
+                export_to(os.path.join(sandbox.directory, "export"), **{"verbose": False, **export_arguments})
+                stages.ran("export", "to a temporary directory")
+    except Exception as error:
+        stages.fail(error)
+    report = DryRunReport(owner.engines.options.name, stages.report(), time.perf_counter() - start)
     if verbose:
         print(report.summary())
-    if error is not None:
+    if stages.error is not None:
         failed = report.failed_stage
         raise DryRunError(
             f"The dry run failed in its {failed.name!r} stage: {failed.error} (everything was put back "
             "as it was: fix this and run `check` again).",
             stage=failed.name,
             report=report,
-        ) from error
+        ) from stages.error
     return report
 
 
-def _run_stage(run: _DryRun, name: str) -> tuple[DryRunStage, Exception | None]:
-    """Runs one stage; returns it, and the error it met (any error: each is reported with its stage)."""
-    start = time.perf_counter()
-    try:
-        return getattr(run, name)(), None
-    except Exception as error:
-        return DryRunStage(name, True, seconds=time.perf_counter() - start, error=_one_line(error)), error
+def _run_stages(owner: StepOwner, arguments: preparation.FitArguments, sandbox: Sandbox, stages: _Stages) -> None:
+    """Runs the stages but the export in the sandbox, filing each with `stages`; raises the first stage's error."""
+    call = preparation.fit_call(owner, arguments)
+    sandbox.copy.take()  # the variables the preparation built, at their initial values
+    stages.ran("prepare", "fit's arguments checked, inputs adapted, variables built")
+    if call.validation is None:
+        stages.skip("validate", "no validation data (`validation_data`, `validation_split`)")
+    # The budget: two epochs of one call (the first and the steady one), one batch per validation.
+    steps = call.plan.steps_per_epoch = min(owner.engines.options.fixed_steps, call.plan.steps or math.inf)
+    validation = call.validation and preparation.ValidationData(lambda: _one_batch(call.validation.plan), deferred=True)
+    budget = dataclasses.replace(
+        call, epochs=2, initial_epoch=0, total_steps=None, callbacks=[stages], verbose=0, validation=validation,
+        validation_freq=1, validation_every_steps=None,
+    )  # fmt: skip
+    sandbox.run_with(model_dir=os.path.join(sandbox.directory, "run"))  # the run's services, writing there
+    stages.enter("train", timed=False)
+    trace_s = sandbox.trace_training_step(call.plan)
+    fit_loop.run_fit(owner, budget)
+    stages.times["train"][0] += trace_s
+    stages.ran("train", f"{steps} step{'s' if steps > 1 else ''} per call of the training step", steady=True)
+    if validation is not None:
+        stages.ran("validate", "1 batch per call of the evaluation step", steady=True)
+    stages.enter("checkpoint")
+    save_s, restore_s = sandbox.round_trip()
+    stages.ran("checkpoint", f"saved in {save_s:.3f} s, restored in {restore_s:.3f} s, every variable back", save_s + restore_s)
+    x, argument, batch_size = arguments.x, "x", arguments.batch_size
+    if arguments.validation_data is not None:  # its inputs, as `predict` reads them
+        x, argument = keras.utils.unpack_x_y_sample_weight(arguments.validation_data)[0], "validation_data"
+        batch_size = arguments.validation_batch_size or batch_size
+    if inputs.input_kind(x) == "generator":
+        return stages.skip("predict", f"`{argument}` is a generator, read once by then")
+    data = inputs.adapt(x, batch_size=batch_size, argument=argument)
+    if inputs.input_kind(x) != "arrays" and isinstance(data.dataset, tf.data.Dataset):
+        data = dataclasses.replace(data, dataset=data.dataset.map(_inputs_only))  # a batch's inputs alone
+    plan = _one_batch(preparation.plan_of(owner, data))
+    stages.enter("predict", timed=False)
+    for _ in range(2):  # the first call, and the steady one
+        inference.run_prediction(owner, plan, inference.callback_list([stages], 0, plan, owner.model))
+    plan.close()
+    stages.ran("predict", f"1 batch per call of the prediction step, on `{argument}`", steady=True)
 
 
-def _failed_name(stages: list[DryRunStage]) -> str:
-    """The name of the stage that failed among `stages`."""
-    return next(stage.name for stage in stages if stage.error is not None)
+class _Stages(keras.callbacks.Callback):
+    """The stages filed so far, and the stage running now, told apart by the budgeted fit's hooks.
+
+    Each stage's calls are timed from hook to hook: an epoch's training from
+    its begin hook to its validation's (or its end hook), the validation to
+    its end hook; the services' epoch end (the best checkpoint, the
+    checkpoints) runs as the `"checkpoint"` stage.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.stages: dict[str, DryRunStage] = {}
+        self.times: dict[str, list[float]] = {}
+        self.error: Exception | None = None
+        self.current, self._timed, self._start = "prepare", True, time.perf_counter()
+
+    def enter(self, name: str, *, timed: bool = True) -> None:
+        """The stage `name` runs from now (timed: a call of it); files the time of the call before."""
+        now = time.perf_counter()
+        if self._timed:
+            self.times.setdefault(self.current, []).append(now - self._start)
+        self.current, self._timed, self._start = name, timed, now
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.enter("train")
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        self.enter("validate")
+
+    def on_predict_begin(self, logs: Any = None) -> None:
+        self.enter("predict")
+
+    def on_test_end(self, logs: Any = None) -> None:
+        self.enter("train", timed=False)
+
+    on_predict_end = on_test_end
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.enter("checkpoint")  # the services' epoch end
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self.enter("checkpoint", timed=False)
+
+    def ran(self, name: str, detail: str, seconds: float | None = None, *, steady: bool = False) -> None:
+        """Files stage `name` as run: its first call's time (or `seconds`), and its second (`steady`)."""
+        self.enter(name, timed=False)
+        times = self.times.get(name, [None])
+        steady_s = times[1] if steady and len(times) > 1 else None
+        self.stages[name] = DryRunStage(name, True, seconds or times[0], steady_s, detail)
+
+    def skip(self, name: str, detail: str) -> None:
+        self.stages[name] = DryRunStage(name, False, detail=detail)
+
+    def fail(self, error: Exception) -> None:
+        """Files the error of the stage running now."""
+        self.error, self.stages[self.current] = error, DryRunStage(
+            self.current, True, seconds=time.perf_counter() - self._start, error=_one_line(error)
+        )
+
+    def report(self) -> tuple[DryRunStage, ...]:
+        """Every stage in order: where one failed, those before it as far as they ran, none after it."""
+        if self.error is None:
+            return tuple(self.stages[name] for name in STAGES)
+        failed = self.current
+        stages = [self.stages.get(name) or DryRunStage(name, True, (self.times.get(name) or [None])[0]) for name in STAGES]
+        index = STAGES.index(failed)
+        return tuple(stages[: index + 1]) + tuple(
+            DryRunStage(name, False, detail=f"the {failed!r} stage failed") for name in STAGES[index + 1 :]
+        )
+
+
+def _one_batch(plan: EpochPlan) -> EpochPlan:
+    """`plan`, its passes cut to one batch (the dry run's budget of a validation or a prediction)."""
+    plan.steps_per_epoch = 1
+    return plan
 
 
 # First lines that only announce the message on the lines after them.
@@ -252,229 +349,6 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _host_call(runner: StepRunner, plan: EpochPlan, iterator: Iterator[Any], done: int, steps: int) -> LoopResult:
-    """One host call of up to `steps` steps, as the epoch loop makes it, read (its device work done).
-
-    Batches known to be there are read directly; where the data may end
-    unannounced, the first batch is peeked (a call with none runs no step).
-    """
-    left = plan.batches_left(done)
-    if left is not None:
-        steps = min(steps, left)
-        if steps <= 0:
-            return LoopResult(0, 0, None)
-    first = None
-    if plan.may_end_unannounced:
-        first = runner.peek(iterator)
-        if not first.has_value():
-            return LoopResult(0, 0, None)
-    return runner.dispatch(iterator, steps, first, available=not plan.may_end_unannounced).result()
-
-
-@dataclasses.dataclass
-class _Calls:
-    """Two host calls of one stage: the first (trace and steps) and the steady one."""
-
-    first: LoopResult
-    first_s: float
-    second: LoopResult
-    second_s: float
-
-    def stage(self, name: str, detail: str) -> DryRunStage:
-        """The stage that ran these calls: the first call's time, and the second's where it ran a step."""
-        steady = self.second_s if self.second.steps else None
-        return DryRunStage(name, True, seconds=self.first_s, steady_seconds=steady, detail=detail)
-
-
-class _DryRun:
-    """The stages of one dry run, each a method named after it, and what puts everything back."""
-
-    def __init__(
-        self,
-        owner: StepOwner,
-        fit_arguments: preparation.FitArguments,
-        export: Callable[..., None] | None,
-        export_arguments: dict[str, Any] | None,
-    ):
-        self.owner, self.engines = owner, owner.engines
-        self.fit_arguments = fit_arguments
-        self.export_call, self.export_arguments = export, export_arguments or {}
-        self.copy = StateCopy(owner)
-        self.copy.take()
-        self.random_states = (np.random.get_state(), random.getstate())
-        self.call: preparation.FitCall | None = None
-        self.train_iterator: Iterator[Any] | None = None
-        self.plans: list[EpochPlan] = []
-        self.directory: str | None = None
-
-    # ---------------------------------------------------------------- stages
-
-    def prepare(self) -> DryRunStage:
-        start = time.perf_counter()
-        self.call = preparation.fit_call(self.owner, self.fit_arguments)
-        self.plans.append(self.call.plan)
-        self.copy.take()  # variables the preparation built, at their initial values
-        return DryRunStage(
-            "prepare",
-            True,
-            seconds=time.perf_counter() - start,
-            detail="fit's arguments checked, inputs adapted, variables built",
-        )
-
-    def train(self) -> DryRunStage:
-        plan, steps = self.call.plan, self.engines.options.fixed_steps
-        runner = self.engines.new_runner("train")
-        self.owner.reset_metrics()  # as each epoch starts
-        self.train_iterator = plan.begin_epoch()
-        calls = self._two_calls(runner, plan, self.train_iterator, steps, "x")
-        for result in (calls.first, calls.second):
-            if result.nonfinite:
-                raise NonFiniteLossError(
-                    "The training loss was NaN or infinite (or above `loss_spike_threshold`) in the dry "
-                    f"run's first {calls.first.steps + calls.second.steps} steps: `fit` would stop there. "
-                    "Check the data, the loss and the learning rate."
-                )
-        return calls.stage("train", f"{_steps(calls.first.steps)} per call of the training step")
-
-    def validate(self) -> DryRunStage:
-        if self.call.validation is None:
-            return DryRunStage(
-                "validate", False, detail="no validation data (`validation_data`, `validation_split`)"
-            )
-        plan = self.call.validation.plan  # adapted here where `fit` adapts it at its first validation
-        runner = self.engines.new_runner("eval")
-        self.owner.reset_metrics()  # as an evaluation starts
-        with self.owner.averaged_weights():
-            calls = self._two_calls(runner, plan, plan.begin_epoch(), 1, "validation_data")
-        return calls.stage("validate", "1 batch per call of the evaluation step")
-
-    def checkpoint(self) -> DryRunStage:
-        """Saves and restores the training state in a temporary directory; every variable must come back."""
-        owner = self.owner
-        checkpointer = checkpoint_lib.Checkpointer(
-            os.path.join(self._directory(), "checkpoints"),
-            lambda: checkpoint_lib.training_state(owner.model, owner.checkpoint_state()),
-            max_to_keep=1,
-            global_step=owner.global_step,
-            async_write=owner.run_options.async_checkpoint,
-        )
-        variables = self.copy.variables()
-        saved = _fingerprints(variables)
-        start = time.perf_counter()
-        checkpointer.save(checkpoint_lib.Progress(global_step=int(owner.global_step.numpy())))
-        checkpointer.sync()
-        save_s = time.perf_counter() - start
-        self.copy.zero()  # a variable the restore misses would stay zero
-        start = time.perf_counter()
-        checkpointer.restore_latest()
-        restore_s = time.perf_counter() - start
-        differing = [
-            variable.name
-            for variable, before, after in zip(variables, saved, _fingerprints(variables), strict=True)
-            if before != after
-        ]
-        if differing:
-            raise ValueError(
-                f"The checkpoint saved did not restore {len(differing)} variables to their saved values "
-                f"(e.g. {differing[0]}). Expected every variable of the training state back."
-            )
-        return DryRunStage(
-            "checkpoint",
-            True,
-            seconds=save_s + restore_s,
-            detail=f"saved in {save_s:.3f} s, restored in {restore_s:.3f} s, every variable back",
-        )
-
-    def predict(self) -> DryRunStage:
-        x, argument, batch_size = self._prediction_input()
-        if inputs.input_kind(x) == "generator":
-            return DryRunStage("predict", False, detail=f"`{argument}` is a generator, read once by then")
-        adapted = inputs.adapt(x, batch_size=batch_size, argument=argument)
-        if inputs.input_kind(x) != "arrays" and isinstance(adapted.dataset, tf.data.Dataset):
-            # `predict` is given inputs: a batch's targets and weights are left out.
-            adapted = dataclasses.replace(adapted, dataset=adapted.dataset.map(_inputs_only))
-        plan = preparation.plan_of(self.owner, adapted)
-        self.plans.append(plan)
-        runner = self.engines.new_runner("predict")
-        with self.owner.averaged_weights():
-            calls = self._two_calls(runner, plan, plan.begin_epoch(), 1, argument)
-        return calls.stage("predict", f"1 batch per call of the prediction step, on `{argument}`")
-
-    def export(self) -> DryRunStage:
-        if self.export_call is None:
-            return DryRunStage("export", False, detail="not asked for (`export=True`)")
-        start = time.perf_counter()
-        # Quiet by default: Keras's message would name the temporary directory.
-        arguments = {"verbose": False, **self.export_arguments}
-        self.export_call(os.path.join(self._directory(), "export"), **arguments)
-        return DryRunStage(
-            "export", True, seconds=time.perf_counter() - start, detail="to a temporary directory"
-        )
-
-    # --------------------------------------------------------------- helpers
-
-    def _two_calls(
-        self, runner: StepRunner, plan: EpochPlan, iterator: Iterator[Any], steps: int, argument: str
-    ) -> _Calls:
-        """Two host calls of `steps` steps; the first traces the step (its new variables copied first)."""
-        start = time.perf_counter()
-        if hasattr(runner.step, "get_concrete_function"):
-            runner.step.get_concrete_function(iterator.element_spec)
-        trace_s = time.perf_counter() - start
-        self.copy.take()  # variables the trace made, at their initial values
-        start = time.perf_counter()
-        first = _host_call(runner, plan, iterator, 0, steps)
-        first_s = trace_s + time.perf_counter() - start
-        if first.steps == 0:
-            raise ValueError(
-                f"Invalid value for argument `{argument}`: the data yielded no batches. Expected at least "
-                "one batch; check filters or `take`."
-            )
-        start = time.perf_counter()
-        second = _host_call(runner, plan, iterator, first.steps, steps)
-        return _Calls(first, first_s, second, time.perf_counter() - start)
-
-    def _prediction_input(self) -> tuple[Any, str, int | None]:
-        """What the predict stage reads: the validation data's inputs, else the training inputs (and their batch size)."""
-        arguments = self.fit_arguments
-        if arguments.validation_data is not None:
-            x = keras.utils.unpack_x_y_sample_weight(arguments.validation_data)[0]
-            return x, "validation_data", arguments.validation_batch_size or arguments.batch_size
-        return arguments.x, "x", arguments.batch_size
-
-    def _directory(self) -> str:
-        if self.directory is None:
-            self.directory = tempfile.mkdtemp(prefix="tftrain_dry_run_")
-        return self.directory
-
-    # ---------------------------------------------------------------- put back
-
-    def put_back(self) -> None:
-        """Closes the plans, puts every variable and the global random states back, removes the temporary files."""
-        with contextlib.ExitStack() as stack:
-            if self.directory is not None:
-                stack.callback(shutil.rmtree, self.directory, ignore_errors=True)
-            stack.callback(self.copy.warn_not_copied, "check", stacklevel=4)
-            stack.callback(random.setstate, self.random_states[1])
-            stack.callback(np.random.set_state, self.random_states[0])
-            stack.callback(self.copy.restore)
-            for plan in self.plans:
-                stack.callback(plan.close)
-            if self.call is not None and self.call.validation is not None:
-                stack.callback(self.call.validation.close)
-
-
-def _fingerprints(variables: list[Any]) -> list[bytes]:
-    """A digest of each variable's value (a distributed one's value as a whole, as a checkpoint saves it)."""
-    return [
-        hashlib.blake2b(np.ascontiguousarray(v.numpy()).tobytes(), digest_size=16).digest() for v in variables
-    ]
-
-
 def _inputs_only(*batch: Any) -> Any:
     """A batch's inputs (`x` of `(x, y, sample_weight)`), as Keras's `predict_step` unpacks them."""
     return keras.utils.unpack_x_y_sample_weight(batch)[0]
-
-
-def _steps(count: int) -> str:
-    return f"{count} step" if count == 1 else f"{count} steps"

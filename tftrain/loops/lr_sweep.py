@@ -6,13 +6,16 @@ training step each (Leslie Smith's range test, as Lightning's
 step is recorded with its bias-corrected moving average, and the suggestion is
 the learning rate where that smoothed loss falls fastest against log lr.
 
-The steps run on the Trainer's own engine settings (eager, `tf.function`, XLA,
-its strategy) through a step runner made for the sweep alone
-(`tftrain.engine.step_runner.make_runner`), so the Trainer's engines, their trace
-counts and `trainer.timing` are not touched. The training state (model,
-optimizer, metrics, the Trainer's own checkpointed state, the global step) is
-copied first and put back, bit for bit, when the sweep ends, also on an error
-or a KeyboardInterrupt.
+The sweep is the fit loop (`fit_loop.run_fit`) with a budget of `steps`
+steps, one per host call, and one service (`_Sweep`) that sets each step's
+learning rate, reads its loss and stops the run where the loss diverges. It
+runs on the Trainer's own engine settings (eager, `tf.function`, XLA, its
+strategy) in a `Sandbox`: no `model_dir`, none of the user's services or
+callbacks, engines made for the sweep alone (the Trainer's engines, their
+trace counts and `trainer.timing` are not touched), and the training state
+(model, optimizer, metrics, the Trainer's own checkpointed state, the global
+step) put back, bit for bit, when the sweep ends, also on an error or a
+KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -27,12 +30,11 @@ import tensorflow as tf
 
 from tftrain.arguments import check_lr_sweep
 from tftrain.compat import keras_internals
-from tftrain.engine import step_runner
 from tftrain.fit_inputs import inputs
-from tftrain.fit_inputs.epoch_plan import EpochPlan
-from tftrain.loops import preparation
+from tftrain.loops import fit_loop, preparation
 from tftrain.loops.owner import StepOwner
-from tftrain.loops.state_copy import StateCopy
+from tftrain.loops.state_copy import Sandbox
+from tftrain.services.protocol import Service
 
 __all__ = ["LearningRateSweep", "find_learning_rate", "learning_rates", "suggest"]
 
@@ -150,35 +152,52 @@ def suggest(rates: list[float], smoothed: list[float]) -> tuple[float | None, st
     return rates[kept[steepest]], None
 
 
-class _LearningRate:
-    """Sets the optimizer's learning rate for each step, and puts back what it was.
+class _Sweep(Service):
+    """The sweep's service: sets each step's learning rate, records its loss, stops the run where it diverges."""
 
-    A learning rate held in a variable (a float given to the optimizer) is
-    assigned; a `LearningRateSchedule` (or a callable) is replaced by a
-    variable for the sweep and put back after it.
-    """
+    name = "lr_sweep"
+    reads_every_call = True
 
-    def __init__(self, optimizer: keras.optimizers.Optimizer, strategy: tf.distribute.Strategy):
-        self._optimizer = optimizer
-        self._original = keras_internals.learning_rate_object(optimizer)
-        self._replaced = not isinstance(self._original, keras.Variable | tf.Variable)
-        if self._replaced:
-            with strategy.scope():
-                self.variable = keras.Variable(
-                    0.0, dtype=keras.config.floatx(), trainable=False, name="lr_sweep_learning_rate",
-                    aggregation="only_first_replica",
-                )  # fmt: skip
-        else:
-            self.variable = self._original
+    def __init__(self, owner: StepOwner, rates: list[float], smoothing: float, stop_factor: float, monitor: str):
+        self.owner, self.rates, self.smoothing, self.stop_factor, self.monitor = owner, rates, smoothing, stop_factor, monitor
+        self.losses: list[float] = []
+        self.smoothed: list[float] = []
+        self.stop_reason: str | None = None
+        self.learning_rate: Any = None  # the variable the steps read (`_learning_rate_variable`)
+        self._average = 0.0
 
-    def install(self) -> None:
-        if self._replaced:
-            # As a callable learning rate: a variable there Keras takes for the optimizer's own.
-            keras_internals.set_learning_rate_object(self._optimizer, lambda: self.variable)
+    def next_stop(self, step: int) -> int:
+        return step + 1  # one step per call, at its own learning rate
 
-    def remove(self) -> None:
-        if self._replaced:
-            keras_internals.set_learning_rate_object(self._optimizer, self._original)
+    def before_call(self, run: Any) -> None:
+        self.learning_rate.assign(self.rates[len(self.losses)])
+        self.owner.reset_metrics()  # the `loss` log of Keras's step is a mean since the last reset: this step's alone
+
+    def after_call(self, run: Any, result: Any) -> None:
+        index, lowest = len(self.losses), min(self.smoothed, default=math.inf)
+        loss, rate = _loss_of(result.logs, self.monitor), self.rates[index]
+        self._average = self.smoothing * self._average + (1 - self.smoothing) * loss
+        value = self._average / (1 - self.smoothing ** (index + 1))  # bias-corrected
+        self.losses.append(loss)
+        self.smoothed.append(value)
+        if not math.isfinite(value):
+            self.stop_reason = f"the loss was not finite ({loss}) at learning rate {rate:.3g}"
+        # `stop_factor` times the lowest smoothed loss, for a positive loss; above it by as much in general.
+        elif value - lowest > (self.stop_factor - 1) * abs(lowest):
+            self.stop_reason = (
+                f"the smoothed loss ({value:.4g}) rose above {self.stop_factor:g} times its lowest "
+                f"({lowest:.4g}) at learning rate {rate:.3g}"
+            )
+        self.owner.model.stop_training = self.stop_reason is not None
+
+    def result(self) -> LearningRateSweep:
+        if self.stop_reason is None and len(self.losses) < len(self.rates):
+            self.stop_reason = f"the data ended after {len(self.losses)} steps (a generator is read once)"
+        suggestion, no_suggestion_reason = suggest(self.rates, self.smoothed)
+        return LearningRateSweep(
+            self.rates[: len(self.losses)], self.losses, self.smoothed, suggestion, self.stop_reason is not None,
+            self.stop_reason, no_suggestion_reason,
+        )  # fmt: skip
 
 
 def _loss_of(logs: Any, monitor: str) -> float:
@@ -189,6 +208,28 @@ def _loss_of(logs: Any, monitor: str) -> float:
             f"returned the logs {keys}. Expected the name of the step's loss log."
         )
     return float(np.mean(np.asarray(logs[monitor], dtype=np.float64)))
+
+
+def _learning_rate_variable(owner: StepOwner, sandbox: Sandbox) -> Any:
+    """The variable the sweep's steps read their learning rate from.
+
+    A learning rate held in a variable (a float given to the optimizer) is
+    that variable (put back with the state); a `LearningRateSchedule` (or a
+    callable) is replaced by a variable for the sweep, and put back after it.
+    """
+    optimizer, strategy = owner.model.optimizer, owner.engines.strategy
+    original = keras_internals.learning_rate_object(optimizer)
+    if isinstance(original, keras.Variable | tf.Variable):
+        return original
+    with strategy.scope():
+        variable = keras.Variable(
+            0.0, dtype=keras.config.floatx(), trainable=False, name="lr_sweep_learning_rate",
+            aggregation="only_first_replica",
+        )  # fmt: skip
+    # As a callable learning rate: a variable there Keras takes for the optimizer's own.
+    keras_internals.set_learning_rate_object(optimizer, lambda: variable)
+    sandbox.on_exit(keras_internals.set_learning_rate_object, optimizer, original)
+    return variable
 
 
 def find_learning_rate(
@@ -214,106 +255,20 @@ def find_learning_rate(
     """
     check_lr_sweep(min_lr, max_lr, steps, smoothing, stop_factor)
     preparation.check_step(owner, "train")
-    optimizer = getattr(owner.model, "optimizer", None)
-    if optimizer is None:
+    if getattr(owner.model, "optimizer", None) is None:
         raise ValueError(
             "find_learning_rate sweeps the learning rate of the model's optimizer, but the model has none. "
             "Expected `optimizer=` given to `tftrain.Trainer(...)` or `model.compile(optimizer=...)`."
         )
-    data = inputs.adapt(x, y, batch_size=batch_size, shuffle=False)
-    # The sweep reads `steps` batches, cycling the data: no "endless data" warning.
-    plan = preparation.plan_for(owner, "train", dataclasses.replace(data, steps=steps), "x")
-    preparation.build(owner, plan.dataset)
-    engines = owner.engines
-    copy = StateCopy(owner)
-    copy.take()
-    rate = _LearningRate(optimizer, engines.strategy)
-    try:
-        rate.install()
-        options = dataclasses.replace(engines.options, steps_per_loop=1)
-        step, autograph = engines.step_of("train")
-        runner = step_runner.make_runner(step, options, engines.strategy, "train_step", autograph=autograph)
-        batches = _Batches(plan, runner)
-        if hasattr(runner.step, "get_concrete_function"):
-            # Traced first: variables a step creates on its first trace are copied with their initial values.
-            runner.step.get_concrete_function(batches.iterator.element_spec)
-        copy.take()
-        rates = learning_rates(min_lr, max_lr, steps)
-        return _sweep(owner, batches, rate, rates, smoothing, stop_factor, monitor)
-    finally:
-        rate.remove()
-        copy.restore()
-        plan.close()
-        copy.warn_not_copied("find_learning_rate", stacklevel=3)
-
-
-class _Batches:
-    """One training step at a time over the data, starting a new pass where a pass ends."""
-
-    def __init__(self, plan: EpochPlan, runner: step_runner.StepRunner):
-        self.plan, self.runner = plan, runner
-        self.iterator = plan.begin_epoch()
-        self._in_pass = 0
-
-    def step(self) -> Any:
-        """Runs one step; returns its logs, or None where the data ended and cannot be read again."""
-        result = self.runner(self.iterator, 1)
-        if result.steps == 0 and self._in_pass > 0 and not self.plan.single_pass:
-            self.plan.reset()
-            self.iterator, self._in_pass = self.plan.begin_epoch(), 0
-            result = self.runner(self.iterator, 1)
-        if result.steps == 0 and self._in_pass == 0:
-            raise ValueError(
-                f"Invalid value for argument `{self.plan.argument}`: the data yielded no batches. Expected "
-                "at least one batch; check filters or `take`."
-            )
-        self._in_pass += result.steps
-        return result.logs if result.steps else None
-
-
-def _sweep(
-    owner: StepOwner,
-    batches: _Batches,
-    rate: _LearningRate,
-    rates: list[float],
-    smoothing: float,
-    stop_factor: float,
-    monitor: str,
-) -> LearningRateSweep:
-    losses: list[float] = []
-    smoothed: list[float] = []
-    average, lowest = 0.0, math.inf
-    stop_reason = None
-    for index, learning_rate in enumerate(rates):
-        rate.variable.assign(learning_rate)
-        owner.reset_metrics()  # the `loss` log of Keras's step is a mean since the last reset: this step's alone
-        logs = batches.step()
-        if logs is None:
-            stop_reason = f"the data ended after {index} steps (a generator is read once)"
-            break
-        loss = _loss_of(logs, monitor)
-        average = smoothing * average + (1 - smoothing) * loss
-        value = average / (1 - smoothing ** (index + 1))  # bias-corrected
-        losses.append(loss)
-        smoothed.append(value)
-        if not math.isfinite(value):
-            stop_reason = f"the loss was not finite ({loss}) at learning rate {learning_rate:.3g}"
-            break
-        # `stop_factor` times the lowest smoothed loss, for a positive loss; above it by as much in general.
-        if value - lowest > (stop_factor - 1) * abs(lowest):
-            stop_reason = (
-                f"the smoothed loss ({value:.4g}) rose above {stop_factor:g} times its lowest "
-                f"({lowest:.4g}) at learning rate {learning_rate:.3g}"
-            )
-            break
-        lowest = min(lowest, value)
-    suggestion, no_suggestion_reason = suggest(rates, smoothed)
-    return LearningRateSweep(
-        learning_rates=rates[: len(losses)],
-        losses=losses,
-        smoothed_losses=smoothed,
-        suggestion=suggestion,
-        stopped_early=stop_reason is not None,
-        stop_reason=stop_reason,
-        no_suggestion_reason=no_suggestion_reason,
-    )
+    sweep = _Sweep(owner, learning_rates(min_lr, max_lr, steps), smoothing, stop_factor, monitor)
+    with Sandbox(owner, "find_learning_rate") as sandbox:
+        # No model_dir, no NaN guard (the sweep stops at a non-finite loss), no service but the sweep.
+        sandbox.run_with(model_dir=None, terminate_on_nan=False)
+        sandbox.set_aside(owner, services=(sweep,))
+        sweep.learning_rate = _learning_rate_variable(owner, sandbox)
+        # The data read in order: `steps` batches, cycled where it ends (a generator, read once, is not).
+        budget = {"steps_per_epoch" if inputs.input_kind(x) == "generator" else "total_steps": steps}
+        call = preparation.fit_call(owner, preparation.FitArguments(x, y, batch_size, shuffle=False, verbose=0, **budget))
+        sandbox.trace_training_step(call.plan)
+        fit_loop.run_fit(owner, call)
+    return sweep.result()

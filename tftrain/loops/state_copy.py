@@ -1,28 +1,42 @@
-"""A bit-exact copy of a step owner's training state, put back after a run that must leave no trace.
+"""The sandbox of a side run (`Trainer.check`, `Trainer.find_learning_rate`): the fit loop, leaving no trace.
 
 `StateCopy` keeps, on the host, the value of every variable a training step
 may change: the model's (its seed generators included), the optimizer's,
 the metrics', the owner's own checkpointed state (`checkpoint_state()`) and
 the global step; under a `tf.distribute` strategy, each replica's own value.
-`Trainer.find_learning_rate` and `Trainer.check` take one before their steps
-and put it back in a `finally`.
+`Sandbox` takes one, and sets aside everything else a `fit` changes: the
+engines' cache (their traces, `steps_per_loop="auto"`'s measurements), the
+model's step functions, `history` and `stop_training`, the NumPy and Python
+global random states, and the owner's run options and services (replaced for
+the side run: e.g. a temporary `model_dir`). All of it is put back on exit,
+also after an error or a KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
+import os
+import random
+import shutil
+import tempfile
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tftrain.checkpoint.state import training_state
+from tftrain.checkpoint.checkpointer import Checkpointer
+from tftrain.checkpoint.state import Progress, training_state
 from tftrain.compat import keras_internals
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops.owner import StepOwner
 
-__all__ = ["StateCopy"]
+__all__ = ["Sandbox", "StateCopy"]
 
 
 class StateCopy:
@@ -83,6 +97,125 @@ class StateCopy:
                 "`optimizer.build(variables)`) for a state left exactly as it was.",
                 stacklevel=stacklevel + 1,
             )
+
+
+# What a fit changes besides the variables: the engines' cache, and the model's attributes that fit sets.
+_ENGINE_CACHE = ("runners", "auto_steps", "_past_nonfinite", "_in_step_summaries")
+_ABSENT = object()
+_MODEL_ATTRIBUTES = ("history", "stop_training", "train_function", "test_function", "predict_function")
+
+
+class Sandbox:
+    """A side run's sandbox: the training state copied, the rest set aside, all put back on exit.
+
+    Args:
+        owner: The owner of the steps.
+        caller: The public name of the side run (for the warning of `StateCopy.warn_not_copied`).
+
+    Attributes:
+        copy: The `StateCopy` taken on entry (`take` it again for variables made later).
+        directory: A temporary directory of the side run's own, removed on exit.
+    """
+
+    def __init__(self, owner: StepOwner, caller: str):
+        self._owner, self._caller = owner, caller
+        self.copy = StateCopy(owner)
+        self.directory = ""
+        self._exit = contextlib.ExitStack()
+
+    def __enter__(self) -> Sandbox:
+        stack, owner = self._exit, self._owner
+        self.copy.take()
+        stack.callback(self.copy.warn_not_copied, self._caller, stacklevel=4)
+        self.directory = tempfile.mkdtemp(prefix=f"tftrain_{self._caller}_")
+        stack.callback(shutil.rmtree, self.directory, ignore_errors=True)
+        stack.callback(random.setstate, random.getstate())
+        stack.callback(np.random.set_state, np.random.get_state())
+        stack.callback(self.copy.restore)
+        stack.enter_context(warnings.catch_warnings())
+        # A budget's last epoch may end the data; a side run's checkpoints are not the run's.
+        warnings.filterwarnings("ignore", message=".*(ran out of data|cannot be checkpointed)")
+        _set_aside(stack, owner.model, _MODEL_ATTRIBUTES)
+        _set_aside(stack, owner.engines, _ENGINE_CACHE, {"runners": {}, "auto_steps": {}})
+        return self
+
+    def trace_training_step(self, plan: EpochPlan) -> float:
+        """Traces the training step before the side run, and copies the variables it made; returns its seconds."""
+        start = time.perf_counter()
+        runner = self._owner.engines.runner("train")
+        if hasattr(runner.step, "get_concrete_function"):
+            runner.step.get_concrete_function(plan.next_iterator().element_spec)
+        self.copy.take()  # the variables the trace made, at their initial values
+        return time.perf_counter() - start
+
+    def run_with(self, **changes: Any) -> None:
+        """Sets the owner's run options for the side run: `changes`, and nothing that reaches past the side run.
+
+        No profiler window, signal handler, `resume_from` or FLOPs count: put back on exit.
+        """
+        options = self._owner.run_options
+        self.set_aside(self._owner, run_options=dataclasses.replace(
+            options, profile_steps=None, preemption_signals=(), resume_from=None, count_flops=False, **changes
+        ))  # fmt: skip
+
+    def round_trip(self) -> tuple[float, float]:
+        """Saves the training state to a checkpoint in `directory` and restores it; returns both times.
+
+        Raises:
+            ValueError: a variable did not come back to its saved value.
+            tftrain.checkpoint.CheckpointError: the checkpoint cannot be written or read.
+        """
+        owner, variables = self._owner, self.copy.variables()
+        checkpointer = Checkpointer(
+            os.path.join(self.directory, "round_trip"), lambda: training_state(owner.model, owner.checkpoint_state()),
+            max_to_keep=1, global_step=owner.global_step, async_write=owner.run_options.async_checkpoint,
+        )  # fmt: skip
+        saved, start = _fingerprints(variables), time.perf_counter()
+        checkpointer.save(Progress(global_step=int(owner.global_step.numpy())))
+        checkpointer.sync()
+        self.copy.zero()  # a variable the restore misses would stay zero
+        middle = time.perf_counter()
+        checkpointer.restore_latest()
+        differing = [v.name for v, a, b in zip(variables, saved, _fingerprints(variables), strict=True) if a != b]
+        if differing:
+            raise ValueError(
+                f"The checkpoint saved did not restore {len(differing)} variables to their saved values "
+                f"(e.g. {differing[0]}). Expected every variable of the training state back."
+            )
+        return middle - start, time.perf_counter() - middle
+
+    def on_exit(self, function: Callable[..., Any], *args: Any) -> None:
+        """Calls `function(*args)` on exit (first of all), to put back something else the side run changed."""
+        self._exit.callback(function, *args)
+
+    def set_aside(self, target: Any, **values: Any) -> None:
+        """Sets attributes of `target` for the side run (e.g. the owner's `run_options`), put back on exit."""
+        _set_aside(self._exit, target, tuple(values), values)
+
+    def __exit__(self, *error: Any) -> None:
+        self._exit.close()
+
+
+def _set_aside(stack: contextlib.ExitStack, target: Any, names: tuple[str, ...], values: dict | None = None) -> None:
+    """Puts back each of `names` of `target` on exit; with `values`, sets them now (None where not given)."""
+    for name in names:
+        stack.callback(_put_back, target, name, getattr(target, name, _ABSENT))
+        if values is not None:
+            setattr(target, name, values.get(name))
+
+
+def _put_back(target: Any, name: str, value: Any) -> None:
+    if value is not _ABSENT:
+        setattr(target, name, value)
+    elif hasattr(target, name):
+        delattr(target, name)
+
+
+def _fingerprints(variables: list[Any]) -> list[bytes]:
+    """A digest of each variable's value (a distributed one's value as a whole, as a checkpoint saves it)."""
+    return [
+        hashlib.blake2b(np.ascontiguousarray(v.numpy()).tobytes(), digest_size=16).digest() for v in variables
+    ]
 
 
 def _variables_in(value: Any) -> Iterator[Any]:
