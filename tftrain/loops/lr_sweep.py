@@ -34,6 +34,7 @@ from tftrain.fit_inputs import inputs
 from tftrain.loops import fit_loop, preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.state_copy import Sandbox
+from tftrain.options import NonFinitePolicy
 from tftrain.services.protocol import Service
 
 __all__ = ["LearningRateSweep", "find_learning_rate", "learning_rates", "suggest"]
@@ -263,8 +264,8 @@ def find_learning_rate(
     sweep = _Sweep(owner, learning_rates(min_lr, max_lr, steps), smoothing, stop_factor, monitor)
     with Sandbox(owner, "find_learning_rate") as sandbox:
         # No model_dir, no NaN guard (the sweep stops at a non-finite loss), no service but the sweep.
-        sandbox.run_with(model_dir=None, terminate_on_nan=False)
-        sandbox.set_aside(owner, services=(sweep,))
+        sandbox.run_with(model_dir=None)
+        sandbox.set_aside(owner, services=(sweep,), nonfinite_policy=NonFinitePolicy(terminate_on_nan=False))
         sweep.learning_rate = _learning_rate_variable(owner, sandbox)
         # The data read in order: `steps` batches, cycled where it ends (a generator, read once, is not).
         budget = {"steps_per_epoch" if inputs.input_kind(x) == "generator" else "total_steps": steps}
