@@ -33,7 +33,6 @@ from tftrain.checkpoint import (
     training_state,
 )
 from tftrain.checkpoint.state import SERVICE_STATES_KEY
-from tftrain.services.data_position import DataCheckpointService
 
 RNG = np.random.RandomState(0)
 X = RNG.rand(40, 6).astype("float32")
@@ -208,6 +207,27 @@ def test_corrupt_latest_falls_back_to_the_previous_checkpoint(tmp_path):
         assert (
             Checkpointer(directory, training_state(trained_model(seed=3))).restore_latest() == first_progress
         )
+
+
+def test_a_checkpoint_damaged_where_only_its_restore_reads_falls_back_to_the_previous(tmp_path, monkeypatch):
+    # A data iterator's state (a variant) is read only when restored: `find` validates the newest,
+    # `restore` meets the damage, and the next `find` gives the one before it.
+    directory = str(tmp_path)
+    _, [(first, first_progress, first_state), (second, _, _)] = save_two(directory)
+    checkpointer = Checkpointer(directory, training_state(trained_model(seed=2)))
+    restore_from = checkpointer._restore_from
+
+    def damaged_second(path, reader, iterator):
+        if path == second:
+            raise tf.errors.DataLossError(None, None, "the iterator's state is truncated")
+        return restore_from(path, reader, iterator)
+
+    monkeypatch.setattr(checkpointer, "_restore_from", damaged_second)
+    assert checkpointer.find().path == second
+    with pytest.warns(UserWarning, match=re.escape(f"The checkpoint {second} cannot be read")):
+        assert checkpointer.restore_latest() == first_progress
+    assert checkpointer.latest == first
+    assert os.path.exists(second + ".index.corrupt")
 
 
 def test_every_checkpoint_corrupt_raises_naming_them(tmp_path):
@@ -716,7 +736,7 @@ def test_a_checkpoint_from_before_data_modes_resumes_its_iterator_exactly(
     # Written as tftrain wrote checkpoints before: the iterator with its buffers, no "data" state.
     reference = uninterrupted(shuffled_dataset, 3)
     monkeypatch.setattr(data_position, "prepare", lambda dataset, saved: ("full", dataset))
-    monkeypatch.setattr(DataCheckpointService, "state_dict", lambda self: None)
+    monkeypatch.setattr(data_position.DataPosition, "state_dict", lambda self: None)
     with pytest.raises(Crash):
         fit(tmp_path, shuffled_dataset, 3, stop_at=7, checkpoint_every_steps=2)
     monkeypatch.undo()
@@ -725,17 +745,13 @@ def test_a_checkpoint_from_before_data_modes_resumes_its_iterator_exactly(
     assert_same_run(resumed, reference, epochs_run=2)
 
 
-def test_an_error_preparing_the_data_is_not_taken_for_a_damaged_checkpoint(tmp_path):
-    model = make_mlp()
-    saver = Checkpointer(str(tmp_path), lambda: training_state(model))
-    saver.save(Progress(global_step=1), number=1)
-    saver.save(Progress(global_step=2), number=2)
+def test_an_error_preparing_the_data_is_not_taken_for_a_damaged_checkpoint(tmp_path, monkeypatch):
+    fit(tmp_path, shuffled_dataset, 1, checkpoint_every_steps=2)
 
-    def prepare(validated):
+    def fail(dataset, saved):
         raise RuntimeError("the input pipeline failed")
 
+    monkeypatch.setattr(data_position, "prepare", fail)
     with pytest.raises(RuntimeError, match="the input pipeline failed"):
-        Checkpointer(str(tmp_path), lambda: training_state(model)).restore_latest(prepare=prepare)
-    assert not [name for name in os.listdir(tmp_path) if name.endswith(".corrupt")]
-    restored = Checkpointer(str(tmp_path), lambda: training_state(model)).restore_latest()
-    assert restored.global_step == 2
+        fit(tmp_path, shuffled_dataset, 2, checkpoint_every_steps=2)
+    assert not [name for name in os.listdir(tmp_path / "checkpoints") if name.endswith(".corrupt")]

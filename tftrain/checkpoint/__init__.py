@@ -16,7 +16,8 @@ only lower layers (`tftrain.fit_inputs` for a shuffled pass's order, `summaries`
 - `layout`: every path under a `model_dir`.
 - `writer_lock`: one writer per `model_dir`, and the check that the
   directory is still the run's.
-- `data_position`: how a checkpoint keeps the input pipeline's position.
+- `data_position`: `DataPosition`, the input pipeline's position as one piece of a
+  run's state (its mode, a pass's offset and order, the iterator), saved and loaded as one.
 - `run_record`: what a run's results depend on, saved with its checkpoints
   and compared at every resume (changes taken, or refused).
 """

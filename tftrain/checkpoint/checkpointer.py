@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from tftrain.arguments import check_int
-from tftrain.checkpoint import files, native_log
+from tftrain.checkpoint import data_position, files, native_log
 from tftrain.checkpoint.files import CHECKPOINT_NAME
 from tftrain.checkpoint.state import Progress, saved_service_states
 from tftrain.checkpoint.validation import (
@@ -46,7 +46,7 @@ from tftrain.errors import CheckpointWriteError, ModelDirError, NonFiniteStateEr
 
 
 class ValidatedCheckpoint(NamedTuple):
-    """A checkpoint read whole and found sound, before anything of it is restored (what `prepare` is given)."""
+    """A checkpoint read whole and found sound, before anything of it is restored (`Checkpointer.find`)."""
 
     path: str
     states: dict[str, Any]
@@ -54,6 +54,8 @@ class ValidatedCheckpoint(NamedTuple):
     progress: Progress
     """Where the run was (read, not assigned)."""
     reader: tf.train.CheckpointReader
+    own: bool = True
+    """Whether it is the checkpoint directory's own (a damaged one falls back to the one before), not `resume_from`'s."""
 
     def tensor(self, key: str) -> Any:
         """A saved tensor by its key (e.g. `data/epoch_order/.ATTRIBUTES/VARIABLE_VALUE`), or None if absent."""
@@ -156,13 +158,14 @@ class Checkpointer:
             self._progress["global_step"] = global_step
         self._shared_step = global_step
         self._state_fn = state if callable(state) else (lambda: dict(state))
-        self._data = tf.Module(name="data")
+        self._data = tf.Module(name=data_position.KEY)
         self._iterator_unsaveable_reason: str | None = None
         self._root = self._new_root()
         self._manager: tf.train.CheckpointManager | None = None
         self.service_states: dict[str, Any] = {}
         self.iterator_restored = False
         self.restored_path: str | None = None
+        self._failures: list[tuple[str, Exception]] = []  # damaged checkpoints met since the last restore
 
     def _new_root(self) -> tf.train.Checkpoint:
         return tf.train.Checkpoint(
@@ -170,7 +173,7 @@ class Checkpointer:
             progress=self._progress,
             iterator_saved=self._iterator_saved,
             service_states=self._service_states,
-            data=self._data,
+            **{data_position.KEY: self._data},
         )
 
     # ------------------------------------------------------------------ paths
@@ -201,34 +204,71 @@ class Checkpointer:
 
     # ---------------------------------------------------------------- restore
 
-    def restore_latest(
-        self, iterator: Any = None, *, prepare: Callable[[ValidatedCheckpoint], Any] | None = None
-    ) -> Progress | None:
-        """Restores the newest good checkpoint, if any, as one sequence: find -> validate -> restore.
+    def find(self, resume_from: str | None = None) -> ValidatedCheckpoint | None:
+        """The checkpoint to restore, validated: nothing of it is assigned yet.
 
-        Cleans leftovers of interrupted saves first. Each checkpoint, newest
-        first, is validated before anything of it is used: every tensor is
-        read and its services' states parsed. One that cannot be read is
-        skipped with a warning naming it (its files are renamed with a
-        `.corrupt` suffix, not deleted), and the previous one is used. Then
-        the model, optimizer and iterator are restored, checked compatible
-        first (nothing is assigned from a checkpoint that does not fit).
+        The newest of `restore_directory` that reads whole (every tensor read,
+        its services' states parsed); one that cannot be read is skipped with
+        a warning naming it, for the one before (it is set aside, renamed
+        with a `.corrupt` suffix, once an older one is restored). Leftovers of
+        interrupted saves are cleaned first. With none there, `resume_from`'s
+        (a damaged one is an error: no fallback).
 
         Args:
-            iterator: The training iterator the run will read from; its state
-                is restored where the checkpoint saved one.
-            prepare: Instead of `iterator`: called with each checkpoint
-                that validates (`ValidatedCheckpoint`: its path, services'
-                states, saved `Progress` and reader), before anything of it
-                is restored (again for an older one, if restoring this one
-                fails); returns the iterator to restore (the data pipeline
-                built as that checkpoint saved its position), or None to
-                restore none. It may raise to refuse the checkpoint
-                (nothing is restored then).
+            resume_from: A checkpoint path prefix, or a directory (its
+                latest), used where this directory holds none.
 
         Returns:
-            The restored progress, or None if the directory holds no
-            checkpoint. `iterator_restored` then says whether the iterator's
+            The checkpoint, validated; None if there is none.
+
+        Raises:
+            CorruptCheckpointError: checkpoints exist but none can be read.
+            CheckpointError: no checkpoint at `resume_from`.
+        """
+        self.sync()  # a pending write's files are not leftovers
+        if not self._read_only:
+            self.clean_leftovers()
+        failed = {path for path, _ in self._failures}
+        for path in reversed(files.candidates(self.restore_directory)):
+            if path in failed:
+                continue
+            try:
+                reader, states = self._validate(path)
+            except Exception as error:  # any read error means this checkpoint is damaged
+                self._damaged(path, error)
+                continue
+            return ValidatedCheckpoint(path, states, saved_progress(reader), reader)
+        if self._failures:
+            listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in self._failures)
+            raise CorruptCheckpointError(
+                f"Every checkpoint in {self.restore_directory} is damaged, so training cannot resume:\n{listed}\n"
+                "Expected at least one readable checkpoint. Move the directory away (or pass another "
+                "`model_dir`) to train from scratch."
+            )
+        if resume_from is None:
+            return None
+        path, _ = open_checkpoint(resume_from, "resume_from")
+        try:
+            reader, states = self._validate(path)
+        except Exception as error:
+            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+        return ValidatedCheckpoint(path, states, saved_progress(reader), reader, own=False)
+
+    def restore(self, validated: ValidatedCheckpoint, iterator: Any = None) -> Progress | None:
+        """Restores a validated checkpoint (`find`): the model, optimizer, progress, and the iterator first.
+
+        Everything is checked compatible before anything is assigned.
+
+        Args:
+            validated: What `find` returned.
+            iterator: The training iterator the run will read from; its state
+                is restored where the checkpoint saved one.
+
+        Returns:
+            The restored progress; None where this directory's checkpoint is
+            found damaged as it is restored (a data iterator's state is read
+            only then): it is warned, and the next `find` returns the one
+            before it. `iterator_restored` then says whether the iterator's
             state was restored (else resume by skipping `batches_in_pass`),
             `service_states` holds the services' states and `restored_path`
             the checkpoint.
@@ -236,63 +276,62 @@ class Checkpointer:
         Raises:
             IncompatibleCheckpointError: the checkpoint does not fit the model
                 (nothing is restored).
+            CorruptCheckpointError: `resume_from`'s checkpoint is damaged.
+        """
+        self.sync()
+        try:
+            progress = self._restore_from(validated.path, validated.reader, iterator)
+        except IncompatibleCheckpointError:
+            raise
+        except Exception as error:  # e.g. a damaged data iterator state (read only when restored)
+            if not validated.own:
+                raise CorruptCheckpointError(f"The checkpoint {validated.path} cannot be read: {error}") from error
+            self._damaged(validated.path, error)
+            return None
+        if self._failures and not self._read_only:
+            files.set_aside(self.directory, validated.path, [failed for failed, _ in self._failures])
+            self._manager = None  # re-read the corrected state file
+        self._failures = []
+        return progress
+
+    def _damaged(self, path: str, error: Exception) -> None:
+        self._failures.append((path, error))
+        warnings.warn(
+            f"The checkpoint {path} cannot be read ({type(error).__name__}: {error}); "
+            "falling back to the previous checkpoint.",
+            stacklevel=4,
+        )
+
+    def restore_latest(self, iterator: Any = None) -> Progress | None:
+        """Restores the newest good checkpoint, if any: `find`, then `restore`, for the one before where it is damaged.
+
+        Args:
+            iterator: The training iterator the run will read from; its state
+                is restored where the checkpoint saved one.
+
+        Returns:
+            The restored progress, or None if the directory holds no checkpoint.
+
+        Raises:
+            IncompatibleCheckpointError: the checkpoint does not fit the model
+                (nothing is restored).
             CorruptCheckpointError: checkpoints exist but none can be read.
         """
-        self.sync()  # a pending write's files are not leftovers
-        if not self._read_only:
-            self.clean_leftovers()
-        failures: list[tuple[str, Exception]] = []
-
-        def damaged(path: str, error: Exception) -> None:
-            failures.append((path, error))
-            warnings.warn(
-                f"The checkpoint {path} cannot be read ({type(error).__name__}: {error}); "
-                "falling back to the previous checkpoint.",
-                stacklevel=3,
-            )
-
-        for path in reversed(files.candidates(self.restore_directory)):
-            try:
-                reader, states = self._validate(path)
-            except Exception as error:  # any read error means this checkpoint is damaged
-                damaged(path, error)
-                continue
-            if prepare is not None:  # its errors are the pipeline's (or the run record's), not the checkpoint's
-                iterator = prepare(ValidatedCheckpoint(path, states, saved_progress(reader), reader))
-            try:
-                progress = self._restore_from(path, reader, iterator)
-            except IncompatibleCheckpointError:
-                raise
-            except Exception as error:  # e.g. a damaged data iterator state (read only when restored)
-                damaged(path, error)
-                continue
-            if failures and not self._read_only:
-                files.set_aside(self.directory, path, [failed for failed, _ in failures])
-                self._manager = None  # re-read the corrected state file
-            return progress
-        if failures:
-            listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in failures)
-            raise CorruptCheckpointError(
-                f"Every checkpoint in {self.restore_directory} is damaged, so training cannot resume:\n{listed}\n"
-                "Expected at least one readable checkpoint. Move the directory away (or pass another "
-                "`model_dir`) to train from scratch."
-            )
+        while (validated := self.find()) is not None:
+            progress = self.restore(validated, iterator)
+            if progress is not None:
+                return progress
         return None
 
-    def restore_from(
-        self, path: str, iterator: Any = None, *, prepare: Callable[[ValidatedCheckpoint], Any] | None = None
-    ) -> tuple[str, Progress]:
+    def restore_from(self, path: str, iterator: Any = None) -> tuple[str, Progress]:
         """Restores a chosen checkpoint (e.g. another run's) instead of the latest of this directory.
 
-        Validated as `restore_latest` validates (nothing partly restored); a
-        damaged checkpoint is an error, with no fallback to another one.
+        Validated as `find` validates (nothing partly restored); a damaged
+        checkpoint is an error, with no fallback to another one.
 
         Args:
             path: A checkpoint path prefix, or a directory (its latest checkpoint).
             iterator: The training iterator, restored where the checkpoint saved one.
-            prepare: Instead of `iterator`: called with the
-                `ValidatedCheckpoint` once it is validated; returns the
-                iterator to restore, or None.
 
         Returns:
             The checkpoint path restored, and its progress.
@@ -307,9 +346,8 @@ class Checkpointer:
             reader, states = self._validate(path)
         except Exception as error:
             raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        if prepare is not None:
-            iterator = prepare(ValidatedCheckpoint(path, states, saved_progress(reader), reader))
-        return path, self._restore_from(path, reader, iterator)
+        validated = ValidatedCheckpoint(path, states, saved_progress(reader), reader, own=False)
+        return path, self.restore(validated, iterator)
 
     def _validate(self, path: str) -> tuple[tf.train.CheckpointReader, dict[str, Any]]:
         """Reads every tensor of a checkpoint and its services' states; raises if it is damaged."""
@@ -334,10 +372,10 @@ class Checkpointer:
         restore_iterator = iterator_in_checkpoint and _is_checkpointable_iterator(iterator)
         if restore_iterator:
             # The data first: if the input pipeline changed, fail before any variable is assigned.
-            holder = tf.Module(name="data")
+            holder = tf.Module(name=data_position.KEY)
             holder.iterator = iterator
             try:
-                tf.train.Checkpoint(data=holder).read(path).expect_partial()
+                tf.train.Checkpoint(**{data_position.KEY: holder}).read(path).expect_partial()
             except tf.errors.DataLossError:
                 raise  # a damaged file: the caller falls back to an older checkpoint
             except Exception as error:
@@ -446,7 +484,7 @@ class Checkpointer:
             number: The checkpoint's number (`ckpt-<number>`); the Trainer
                 numbers them by global step. None: one more than the last save.
             data_state: More of the data position, name -> variable, saved
-                under `data/<name>` (e.g. the pass's order: `tftrain.fit_inputs.epoch_order`).
+                under `data/<name>` (`tftrain.checkpoint.data_position.DataPosition.variables`).
 
         Returns:
             The checkpoint's path prefix.

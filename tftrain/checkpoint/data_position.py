@@ -25,11 +25,18 @@ from typing import Any
 
 import tensorflow as tf
 
+from tftrain.checkpoint.validation import VARIABLE_SUFFIX
 from tftrain.compat import tf_internals
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 
-__all__ = ["FULL", "POSITION", "SYMBOLIC", "prepare", "saved_mode"]
+__all__ = ["FULL", "KEY", "POSITION", "SYMBOLIC", "DataPosition", "prepare", "saved_mode"]
 
 SYMBOLIC, POSITION, FULL = "symbolic", "position", "full"
+
+KEY = "data"
+"""The data position's key in a checkpoint: its state among the services' states, its tensors under `data/`."""
+
+_ORDER = "epoch_order"  # the order of a shuffled array pass, saved as `data/epoch_order`
 
 # Dataset and op names (as in the pipeline's graph) whose output may differ
 # from one pass, or one process, to the next: their pipelines are not read in
@@ -125,4 +132,98 @@ def saved_mode(states: dict[str, Any] | None) -> str | None:
     """The data checkpoint mode recorded in a checkpoint's service states (`"full"` if it predates modes)."""
     if states is None:
         return None
-    return states.get("data", {}).get("checkpoint", FULL)
+    return states.get(KEY, {}).get("checkpoint", FULL)
+
+
+class DataPosition:
+    """The training data's position in a run's checkpoints, saved and loaded as one piece of state.
+
+    What a checkpoint holds of it, all under `KEY`: the mode and, for array
+    inputs, where the pass's iterator started (`state_dict`, among the
+    services' states); the order of a shuffled array pass (`variables`); the
+    iterator itself, unless arrays keep their position in examples or the
+    pipeline is read in a fixed order (`saved_iterator`).
+
+    Args:
+        plan: The training data's plan (its pipeline and position).
+    """
+
+    name = KEY
+
+    def __init__(self, plan: EpochPlan):
+        self.plan = plan
+        self.mode: str | None = None  # None: distributed iterators (their position is never saved)
+        self._dataset = plan.dataset  # as given: each `load` prepares it anew
+        self._offset: tuple[int, int] = (0, 0)
+        self._order: Any = None
+        self._fresh_pass = False
+
+    # ------------------------------------------------------------------- save
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The mode and, for arrays, where the pass's iterator started (JSON); None where nothing is saved."""
+        if self.mode is None:
+            return None
+        state: dict[str, Any] = {"checkpoint": self.mode}
+        if self.plan.position is not None:
+            state["pass_offset"] = list(self.plan.position.offset)
+        return state
+
+    def variables(self) -> dict[str, Any]:
+        """The data position's variables a checkpoint saves under `data/`: a shuffled array pass's order."""
+        return {_ORDER: self.plan.order.permutation} if self.plan.order is not None else {}
+
+    def saved_iterator(self, iterator: Any) -> Any:
+        """The iterator a checkpoint saves, or None: arrays keep their position in examples, and a pipeline read in a fixed order is skipped to."""
+        return iterator if self.mode != POSITION and self.plan.position is None else None
+
+    # ------------------------------------------------------------------- load
+
+    def load(self, validated: Any, *, fresh_pass: bool = False) -> Any:
+        """Makes the pipeline keep its position as a checkpoint did; reads what its resume needs.
+
+        Nothing is assigned: the iterator returned is restored with the model
+        (`Checkpointer.restore`), and `resume` puts the plan at the position.
+
+        Args:
+            validated: The validated checkpoint (`ValidatedCheckpoint`), or
+                None for a new run (the cheapest exact mode is chosen).
+            fresh_pass: The run goes on at a fresh pass (the checkpoint's
+                epoch is not resumed): no iterator is restored.
+
+        Returns:
+            The iterator whose saved state to restore, or None (arrays, whose
+            position is kept in examples and their pass's order; a fresh pass).
+        """
+        states = validated.states if validated is not None else None
+        if self.plan.plain_iterators:
+            self.mode, self.plan.dataset = prepare(self._dataset, saved_mode(states))
+        self._offset = tuple((states or {}).get(KEY, {}).get("pass_offset", (0, 0)))
+        self._order, self._fresh_pass = None, fresh_pass
+        if fresh_pass:
+            return None
+        if self.plan.position is None:
+            return self.plan.next_iterator()
+        if validated is not None and self.plan.order is not None:
+            self._order = validated.tensor(f"{KEY}/{_ORDER}{VARIABLE_SUFFIX}")
+        return None
+
+    def resume(self, progress: Any, iterator_restored: bool, batch_size: int | None = None) -> None:
+        """Puts the plan where the checkpoint's run was: arrays at their next unread example, an iterator where it was saved.
+
+        Args:
+            progress: The checkpoint's `Progress`.
+            iterator_restored: Whether the iterator `load` returned was restored
+                (else the pass restarts and skips the batches read).
+            batch_size: The checkpointed run's batch size, where the new call's differs.
+
+        Nothing is done where `load` was told the run goes on at a fresh pass.
+        """
+        if self._fresh_pass:
+            return
+        plan, batches, steps = self.plan, progress.batches_in_pass, progress.step_in_epoch
+        if plan.position is None:
+            plan.resume(batches, steps, iterator_restored)
+            return
+        examples = plan.position.examples_read(batches, self._offset, batch_size or plan.position.batch_size)
+        plan.resume_at_example(examples, batches, steps, self._order)

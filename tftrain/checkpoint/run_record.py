@@ -53,6 +53,7 @@ __all__ = [
     "RECORD_KEY",
     "Change",
     "Comparison",
+    "RunRecord",
     "apply_taken",
     "build",
     "built_fields",
@@ -206,6 +207,12 @@ class Comparison:
     def data_only(self) -> bool:
         """Whether every refused change is a data change mid-epoch (which `on_data_change="next_epoch"` takes)."""
         return bool(self.refused) and all(change.action == DATA for change in self.refused)
+
+    @property
+    def saved_batch_size(self) -> int | None:
+        """The checkpoint's batch size, where the call's differs and the change was taken (None: the same)."""
+        sizes = (change.saved for change in self.taken if change.key == "data.global_batch_size")
+        return next((int(size) for size in sizes), None)
 
     def at_next_epoch(self) -> Comparison:
         """The data changes refused mid-epoch, taken instead for the next epoch (`on_data_change="next_epoch"`)."""
@@ -502,6 +509,34 @@ def _optimizer_prefix(key: str) -> str | None:
     if key.startswith(OPTIMIZERS_PREFIX):
         return OPTIMIZERS_PREFIX + key[len(OPTIMIZERS_PREFIX) :].split(".")[0]
     return None
+
+
+class RunRecord:
+    """The run record as a piece of run state: saved with every checkpoint under its name, compared at a resume.
+
+    Args:
+        record: The call's record (`build`).
+        model: The model trained: its layers and optimizer variables are
+            read again at each save (a model may be built in its first step).
+        optimizers: The run's optimizers by their place in the record
+            (`optimizers_of`); None: the model's alone.
+    """
+
+    name = RECORD_KEY
+
+    def __init__(self, record: Mapping[str, Any], model: Any, optimizers: Mapping[str, Any] | None = None):
+        self.record = dict(record)
+        self.model = model
+        self.optimizers = optimizers
+
+    def state_dict(self) -> dict[str, Any]:
+        """The record as a checkpoint saves it (among the services' states, under `name`)."""
+        self.record.update(built_fields(self.model, self.optimizers))
+        return self.record
+
+    def compare(self, states: Mapping[str, Any], *, mid_epoch: bool, convertible: bool = False) -> Comparison:
+        """The call against the record a checkpoint saved (`states`: its services' states), as `compare` sorts them."""
+        return compare(states.get(self.name), self.record, mid_epoch=mid_epoch, convertible=convertible)
 
 
 def _batch_size_converted(taken: list[Change], refused: list[Change]) -> tuple[list[Change], list[Change]]:

@@ -1,15 +1,20 @@
-"""Starting one `Trainer.fit`: the run restored (`tftrain.loops.restore`) and the services around its steps.
+"""Starting one `Trainer.fit`: the services around its steps, and the run restored (`tftrain.loops.restore`).
 
 `start_run` builds a `tftrain.loops.training_run.TrainingRun` from the
 Trainer's frozen options and the `fit` call: with a `model_dir` it takes the
-writer lock and runs the restore sequence (`restore.restore_run`: find,
-validate, model and optimizer, the services' state, the data position),
-building the services from what it restored.
+writer lock, composes the run's services, and runs the restore sequence
+(`restore.restore_run`: find, validate, the run record, then each part loads
+itself: the data pipeline, the progress with the model and optimizer, the
+services' state, the data position).
 
-The services run in this order after each host call: the NaN guard (or, with
-`on_nonfinite="rollback"`, the loss recovery), the step budget, the call's own and the user's services, the profiler, TensorBoard
-summaries, the best checkpoint, checkpoints, preemption, the run record and
-HParams, the writer lock, in-step summaries and timing.
+The services are composed in one place, `_services`, in the order they run
+after each host call: the NaN guard (or, with `on_nonfinite="rollback"`, the
+loss recovery), the step budget, the call's own and the user's services, the
+profiler, TensorBoard summaries, the best checkpoint, checkpoints, preemption
+(which saves through the checkpoint service), HParams, the writer lock,
+in-step summaries and timing. The run's own state besides (the data position,
+the run record) is not a service: it is saved with the services' states,
+each part under its name, and loads itself at a resume.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import tensorflow as tf
 from tftrain import checkpoint as checkpoint_lib
 from tftrain import distribute, summaries, timing
 from tftrain.arguments import check_profile_steps
-from tftrain.checkpoint import data_position
+from tftrain.checkpoint import run_record
+from tftrain.checkpoint.data_position import DataPosition
 from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.checkpoint.writer_lock import WriterLock, check_writer
 from tftrain.loops import restore
@@ -33,10 +39,9 @@ from tftrain.loops.owner import StepOwner
 from tftrain.loops.preparation import FitCall
 from tftrain.loops.restore import report_resume
 from tftrain.loops.training_run import TrainingRun, close_all
-from tftrain.options import NonFinitePolicy, RunOptions
+from tftrain.options import RunOptions
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
-from tftrain.services.data_position import DataCheckpointService
 from tftrain.services.hparams import HParamsService
 from tftrain.services.loss_recovery import LossRecovery
 from tftrain.services.multiworker_preemption import MultiWorkerPreemption, multiworker_preemption
@@ -45,7 +50,6 @@ from tftrain.services.periodic_validation import PeriodicValidation
 from tftrain.services.preemption import PreemptionService
 from tftrain.services.profiler import ProfilerService
 from tftrain.services.protocol import Service
-from tftrain.services.run_record import RunRecordService
 from tftrain.services.step_budget import StepBudget
 from tftrain.services.step_summaries import InStepSummaryService
 from tftrain.services.tensorboard import SummaryService
@@ -57,12 +61,12 @@ __all__ = ["BUILT_IN_NAMES", "RunParts", "report_resume", "start_run"]
 BUILT_IN_NAMES = frozenset(
     service.name
     for service in (
-        NonFiniteGuard, LossRecovery, StepBudget, PeriodicValidation, DataCheckpointService, ProfilerService, SummaryService,
+        NonFiniteGuard, LossRecovery, StepBudget, PeriodicValidation, ProfilerService, SummaryService,
         BestCheckpointService, CheckpointService, PreemptionService, MultiWorkerPreemption, WriterLockService,
-        InStepSummaryService, TimingService, RunRecordService, HParamsService,
+        InStepSummaryService, TimingService, HParamsService, DataPosition, run_record.RunRecord,
     )
 )  # fmt: skip
-"""The names of the built-in services (a user's service cannot take one: its state is saved by name)."""
+"""The names of the built-in services and of the run's own saved state (a user's service cannot take one: its state is saved by name)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +115,7 @@ class RunParts:
 
 
 def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
-    """Sets up one `fit`: restores the latest checkpoint and builds its services.
+    """Sets up one `fit`: composes its services and restores the latest checkpoint.
 
     Args:
         owner: The Trainer: its model, options and global step.
@@ -129,75 +133,114 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
         tftrain.errors.RunChangedError: the call changed what the checkpoint
             cannot follow (nothing is restored).
     """
-    options, plan, strategy = owner.run_options, call.plan, owner.engines.strategy
+    options, plan = owner.run_options, call.plan
     owner.global_step.assign(0)  # a run without a checkpoint starts at 0, as its Progress does
     window = check_profile_steps(options.profile_steps, _planned_steps(call))
+    where = _ModelDir.of(owner) if options.model_dir is not None else None
+    data = DataPosition(plan) if where is not None else None
+    kept = where is not None and parts.record is not None
+    record = run_record.RunRecord(parts.record, owner.model, parts.optimizers) if kept else None
     timing_service = TimingService(parts.timer, parts.trace_counter)
-    services = _leading_services(owner, call, parts)
-    checkpointer, found, lock = None, None, None
+    # The chief is the writer: one per model_dir, held before anything there is touched.
+    lock = WriterLock(where.path) if where is not None and where.chief else None
+    services: list[Service] = []
+    checkpointer, progress = None, None
     try:
-        if options.model_dir is not None:
-            path = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
-            averaged = owner.averaged_weights if owner.ema_decay is not None else None
-            where = _ModelDir(path, options, _RunPlace.of(strategy), owner.model, owner.checkpoint_state,
-                              owner.global_step, averaged)  # fmt: skip
-            # The chief is the writer: one per model_dir, held before anything there is touched.
-            lock = WriterLock(path) if where.chief else None
-            checkpointer = where.checkpointer()
+        checkpointer = where.checkpointer() if where is not None else None
+        made = _Made(timing_service, where, checkpointer, data, lock, window)
+        _services(services, owner, call, parts, made)
+        lock = None  # a service of the run now (closing it twice is harmless)
+        if checkpointer is not None:
             request = restore.RestoreRequest(
-                options, owner.model, plan, parts.record, call.verbosity,
-                writes_record_file=where.chief, built_in_names=BUILT_IN_NAMES, optimizers=parts.optimizers,
+                options, owner.model, data, tuple(services), record, call.verbosity,
+                writes_record_file=where.chief, built_in_names=BUILT_IN_NAMES,
             )  # fmt: skip
-
-            def build_services(restored: restore.Restored) -> list[Service]:
-                # Every service of the run, before their saved states are loaded into them.
-                _add_model_dir_services(services, where, checkpointer, restored, owner, call, parts, window)
-                if lock is not None:  # released at the run's end, after the last save
-                    services.append(WriterLockService(lock))
-                return _add_trailing_services(services, owner, timing_service)
-
-            found, services = restore.restore_run(checkpointer, request, build_services)
-            lock = None  # a service of the run now (closing it twice is harmless)
-        else:
-            _add_trailing_services(services, owner, timing_service)
+            progress = restore.restore_run(checkpointer, request)
+            _check_profile_window(options, window if where.chief else None, progress)
     except BaseException:
         with contextlib.suppress(Exception):  # the setup's error is the one to report
             close_all(services)  # what the services hold: writers, signal handlers, the lock
         if lock is not None:
             lock.close()
         raise
-    progress = found.progress if found is not None else None
     return TrainingRun(
         plan,
         progress or checkpoint_lib.Progress(),
         services,
         checkpointer=checkpointer,
         timing_service=timing_service,
+        saved_parts=tuple(part for part in (data, record) if part is not None),
         total_steps=call.total_steps,
     )
 
 
-def _leading_services(owner: StepOwner, call: FitCall, parts: RunParts) -> list[Service]:
-    """The services every run has, in their order: the NaN guard, the step budget, the call's and the user's."""
-    options, nonfinite_policy = owner.run_options, call.nonfinite_policy
-    services: list[Service] = []
-    rollback = nonfinite_policy.rollback and options.model_dir is not None
-    if nonfinite_policy.terminate_on_nan and not rollback:
-        services.append(NonFiniteGuard(nonfinite_policy, checkpoints=options.model_dir is not None))
+@dataclasses.dataclass(frozen=True)
+class _Made:
+    """What the services act on, made before them (where a run has no `model_dir`, what it needs is None)."""
+
+    timing: TimingService
+    where: _ModelDir | None
+    checkpointer: checkpoint_lib.Checkpointer | None
+    data: DataPosition | None
+    lock: WriterLock | None
+    window: tuple[int, int] | None
+
+
+def _services(
+    services: list[Service], owner: StepOwner, call: FitCall, parts: RunParts, made: _Made
+) -> list[Service]:
+    """The run's services, composed here alone, in the order they run; checks their names. Returns `services`.
+
+    Each is appended as soon as it exists, so an error while the next is made
+    closes it (its writer, its signal handlers). The services that write to
+    `model_dir` (from the profiler to the writer lock) exist only with one.
+    """
+    options, policy, where, record, timer = owner.run_options, call.nonfinite_policy, made.where, parts.record, parts.timer
+    chief = where is not None and where.chief
+    optimizer = getattr(owner.model, "optimizer", None)
+    writer = summaries.TrainingSummaries(where.path, every_steps=options.summary_every_steps) if chief else None
+    if policy.rollback and where is not None:  # it keeps states at the run's checkpoint steps too
+        every = options.checkpoint_every_steps
+        services.append(LossRecovery(policy, optimizer=optimizer, checkpoint_every_steps=every, verbose=call.verbosity,
+                                     writer=writer))  # fmt: skip
+    elif policy.terminate_on_nan:
+        services.append(NonFiniteGuard(policy, checkpoints=where is not None))
     if call.total_steps is not None:
         services.append(StepBudget(call.total_steps))
-    return services + list(parts.services)
-
-
-def _add_trailing_services(services: list[Service], owner: StepOwner, timing: TimingService) -> list[Service]:
-    """Appends the services that run last (the in-step summaries, the timing); checks the names. Returns `services`."""
-    options = owner.run_options
+    services.extend(parts.services)
+    if chief and made.window is not None:
+        services.append(ProfilerService(summaries.ProfileWindow(where.layout.train, made.window)))
+    if writer is not None:
+        services.append(SummaryService(writer, timer, optimizer))
+    if chief and options.best_checkpoint_monitor is not None:  # before the checkpoint: it saves the best value
+        monitor, mode = options.best_checkpoint_monitor, options.best_checkpoint_mode
+        services.append(BestCheckpointService(where.checkpointer(best=True), monitor, mode,
+                                              weights=where.averaged_weights))  # fmt: skip
+    if where is not None:
+        checkpoints = CheckpointService(made.checkpointer, options.checkpoint_every_steps, timer, where.scratch_dir,
+                                        data=made.data)  # fmt: skip
+        services.append(checkpoints)
+        preemption = _preemption(options.preemption_signals, checkpoints, where.place)  # saves through `checkpoints`
+        services.extend([preemption] if preemption is not None else [])
+    if chief and record is not None:  # closed after the saves: its end says the run ended well
+        services.append(HParamsService(where.layout.root, record))
+    if made.lock is not None:  # released at the run's end, after the last save
+        services.append(WriterLockService(made.lock))
     step_summaries = owner.engines.in_step_summaries(options.model_dir, options.summary_every_steps)
     if step_summaries is not None:
         services.append(InStepSummaryService(step_summaries))
-    services.append(timing)
+    services.append(made.timing)
     _check_names(services)
     return services
+
+
+def _preemption(signals: tuple[int, ...], checkpoints: CheckpointService, place: _RunPlace) -> Service | None:
+    """The preemption service of this process (one process, or several workers), or None."""
+    if not signals:
+        return None
+    if place.single_process:
+        return PreemptionService(signals, checkpoints)
+    return multiworker_preemption(signals, checkpoints, place.cluster_resolver, place.worker)
 
 
 def _planned_steps(call: FitCall) -> int | None:
@@ -218,6 +261,15 @@ class _ModelDir:
     extra_state: Callable[[], dict[str, Any]]
     global_step: tf.Variable | None
     averaged_weights: Callable[[], contextlib.AbstractContextManager[None]] | None = None
+
+    @classmethod
+    def of(cls, owner: StepOwner) -> _ModelDir:
+        """The Trainer's `model_dir` (created, checked writable) and this process's place in the run."""
+        options = owner.run_options
+        path = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
+        averaged = owner.averaged_weights if owner.ema_decay is not None else None
+        place = _RunPlace.of(owner.engines.strategy)
+        return cls(path, options, place, owner.model, owner.checkpoint_state, owner.global_step, averaged)
 
     @property
     def chief(self) -> bool:
@@ -257,91 +309,15 @@ class _ModelDir:
         )
 
 
-def _add_model_dir_services(
-    services: list[Service],
-    where: _ModelDir,
-    checkpointer: checkpoint_lib.Checkpointer,
-    found: restore.Restored,
-    owner: StepOwner,
-    call: FitCall,
-    parts: RunParts,
-    window: tuple[int, int] | None,
-) -> list[Service]:
-    """Appends the services that write to `model_dir`, in the order they run, each as it is made.
-
-    Each is in `services` as soon as it exists, so an error while the next is
-    made closes it (its writer, its signal handlers). Returns `services`.
-    """
-    options, place, chief, model_dir = where.options, where.place, where.chief, where.path
-    restored, data_mode, plan, timer = found.progress, found.data_mode, call.plan, parts.timer
-    step = restored.global_step if restored is not None else 0
-    if parts.record is not None:
-        services.append(RunRecordService(parts.record, owner.model, parts.optimizers))
-    if data_mode is not None:
-        services.append(DataCheckpointService(data_mode, plan.position))
-    if chief and window is not None:
-        services.append(ProfilerService(summaries.ProfileWindow(where.layout.train, window)))
-        if step > window[0] - 1:
-            warnings.warn(
-                f"profile_steps={options.profile_steps} starts at or before step {step}, "
-                "where this run resumes: nothing is profiled. Expected a window after the resume point.",
-                stacklevel=5,
-            )
-    if chief:
-        writer = summaries.TrainingSummaries(model_dir, every_steps=options.summary_every_steps)
-        # A resumed run's first call is not the job's trace: its trace time was written already.
-        optimizer = getattr(where.model, "optimizer", None)
-        services.append(SummaryService(writer, timer, optimizer, trace_written=step > 0))
-    if chief and options.best_checkpoint_monitor is not None:
-        # Before the regular checkpoint: the best value it saves must include this epoch's.
-        best = where.checkpointer(best=True)
-        services.append(
-            BestCheckpointService(
-                best,
-                options.best_checkpoint_monitor,
-                options.best_checkpoint_mode,
-                weights=where.averaged_weights,
-            )
+def _check_profile_window(options: RunOptions, window: tuple[int, int] | None, progress: Any) -> None:
+    """Warns where the profiler's window starts at or before the step the run resumes at (nothing is profiled)."""
+    step = progress.global_step if progress is not None else 0
+    if window is not None and step > window[0] - 1:
+        warnings.warn(
+            f"profile_steps={options.profile_steps} starts at or before step {step}, "
+            "where this run resumes: nothing is profiled. Expected a window after the resume point.",
+            stacklevel=4,
         )
-    # Arrays keep their position in examples and their pass's order, not an iterator (`EpochPlan.keep_array_position`).
-    save_iterator = data_mode != data_position.POSITION and plan.position is None
-    checkpoints = CheckpointService(
-        checkpointer,
-        options.checkpoint_every_steps,
-        timer,
-        where.scratch_dir,
-        save_iterator=save_iterator,
-        data_state={"epoch_order": plan.order.permutation} if plan.order is not None else None,
-    )
-    services.append(checkpoints)
-    if options.preemption_signals and place.single_process:
-        services.append(PreemptionService(options.preemption_signals, checkpoints))
-    elif options.preemption_signals:
-        preemption = multiworker_preemption(
-            options.preemption_signals, checkpoints, place.cluster_resolver, place.worker
-        )
-        if preemption is not None:
-            services.append(preemption)
-    if parts.record is not None and chief:  # closed after the saves: its end says the run ended well
-        services.append(HParamsService(where.layout.root, parts.record))
-    if call.nonfinite_policy.rollback:
-        services.insert(0, _loss_recovery(call.nonfinite_policy, services, owner.model, call.verbosity))
-    return services
-
-
-def _loss_recovery(
-    nonfinite_policy: NonFinitePolicy, services: list[Service], model: Any, verbose: int
-) -> LossRecovery:
-    """The rollback service, keeping states at the run's checkpoint steps too (and TensorBoard writers, on the chief)."""
-    checkpoints = next(service for service in services if isinstance(service, CheckpointService))
-    writer = next((service.writer for service in services if isinstance(service, SummaryService)), None)
-    return LossRecovery(
-        nonfinite_policy,
-        optimizer=getattr(model, "optimizer", None),
-        checkpoint_every_steps=checkpoints.when.every_steps,
-        verbose=verbose,
-        writer=writer,
-    )
 
 
 def _check_names(services: list[Service]) -> None:

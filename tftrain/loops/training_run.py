@@ -35,6 +35,9 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
             (the NaN guard first, the checkpoint after the summaries).
         checkpointer: The run's checkpoints, or None.
         timing_service: The service that keeps the timing state and trace count, or None.
+        saved_parts: The run's own state saved with the services' states,
+            each under its `name` with its `state_dict()` (the data position,
+            the run record); each loads itself at a resume (`tftrain.loops.restore`).
         total_steps: The run's step budget, or None.
     """
 
@@ -46,6 +49,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         *,
         checkpointer: checkpoint_lib.Checkpointer | None = None,
         timing_service: TimingService | None = None,
+        saved_parts: tuple[Any, ...] = (),
         total_steps: int | None = None,
     ):
         self.plan = plan
@@ -54,6 +58,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.services = list(services)
         self.checkpointer = checkpointer
         self.timing_service = timing_service
+        self.saved_parts = saved_parts
         self.resumed = progress.global_step > 0 or progress.epoch > 0
         self.epoch_steps: int | None = None  # steps in the current epoch, if known
         self.timer = timing_service.timer if timing_service is not None else None
@@ -157,12 +162,13 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         return {key: float("nan") for key in logs}
 
     def service_states(self) -> dict[str, Any]:
-        """Every service's state, by name (saved with a checkpoint), JSON-ready (`json_ready_state`).
+        """Every service's state and each saved part's, by name (saved with a checkpoint), JSON-ready (`json_ready_state`).
 
         Raises:
             TypeError: a state holds a value JSON cannot save (named with its service and key path).
         """
-        states = {service.name: json_ready_state(service.name, service.state_dict()) for service in self.services}
+        parts = (*self.saved_parts, *self.services)
+        states = {part.name: json_ready_state(part.name, part.state_dict()) for part in parts}
         return {name: state for name, state in states.items() if state is not None}
 
     def steps_allowed(self, wanted: int) -> int:

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tftrain import timing
 from tftrain.checkpoint import Checkpointer
+from tftrain.checkpoint.data_position import DataPosition
 from tftrain.services.protocol import EveryNSteps, RunState, Service
 
 
@@ -26,10 +27,9 @@ class CheckpointService(Service):
         every_steps: Also save every this many steps (None: epoch ends only).
         timer: The step timer that records save times, or None.
         scratch_dir: A non-chief worker's own checkpoint directory, removed at `close`.
-        save_iterator: Save the data iterator's state (False: the position
-            is kept as a batch count alone, for a pipeline read in a fixed order).
-        data_state: More of the data position saved with every checkpoint
-            (name -> variable: the order of a shuffled array pass).
+        data: The training data's position: it says what a checkpoint saves
+            of the data (the iterator, a shuffled array pass's order). None:
+            the iterator, where `tf.data` can save it.
     """
 
     name = "checkpoint"
@@ -41,12 +41,10 @@ class CheckpointService(Service):
         timer: timing.StepTimer | None,
         scratch_dir: str | None = None,
         *,
-        save_iterator: bool = True,
-        data_state: dict[str, Any] | None = None,
+        data: DataPosition | None = None,
     ):
         self.checkpointer = checkpointer
-        self.save_iterator = save_iterator
-        self.data_state = data_state
+        self.data = data
         self.when = EveryNSteps(every_steps)
         self.timer = timer
         self.scratch_dir = scratch_dir
@@ -101,12 +99,13 @@ class CheckpointService(Service):
         else:
             iterator, progress.batches_in_pass = run.data_position()
             start = time.perf_counter()
+            data = self.data
             path = self.checkpointer.save(
                 progress,
-                iterator if self.save_iterator else None,
+                data.saved_iterator(iterator) if data is not None else iterator,
                 run.service_states(),
                 number=progress.global_step,
-                data_state=self.data_state,
+                data_state=data.variables() if data is not None else None,
             )
             if self.timer is not None:
                 self.timer.record_checkpoint_save(time.perf_counter() - start)

@@ -6,8 +6,9 @@ host call never jumps its boundary), acts before and after each host call,
 when a call's results are read, at each epoch end and after a periodic
 validation; it may keep state saved with every checkpoint, and releases what
 it holds at `close`. A service receives what it acts on through `RunState`
-(and its constructor's arguments), never by reaching into the loop, and never
-into another service's internals.
+(and its constructor's arguments), never by reaching into the loop; a
+service that drives another is given it (a preemption saves through the
+checkpoint service's `save`).
 
 The built-in services (`tftrain.services.*`) use this protocol and nothing
 else; `Trainer(services=[...])` adds a user's own, and

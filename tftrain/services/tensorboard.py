@@ -54,7 +54,8 @@ class SummaryService(Service):
         writer: The event-file writers.
         timer: The step timer whose rates are written, or None.
         optimizer: The optimizer whose learning rate is written, or None.
-        trace_written: Whether the trace time was written already (a resumed run's was).
+        trace_written: Whether the trace time was written already (a run resumed
+            after step 0 wrote it: its first call is not the job's first).
     """
 
     name = "summaries"
@@ -87,7 +88,8 @@ class SummaryService(Service):
         """Writes what is due after the training steps `before + 1` to `step`."""
         if not self._trace_written and self.timer is not None and self.timer.first_call_s is not None:
             first_call_s = self.timer.first_call_s
-            self._write(lambda: self.writer.on_trace(step, first_call_s))
+            if before == 0:  # a run resumed after step 0 wrote its trace time already
+                self._write(lambda: self.writer.on_trace(step, first_call_s))
             self._trace_written = True
         if self.when.reached(before, step):
             rates = self.timer.take_window() if self.timer is not None else {}
