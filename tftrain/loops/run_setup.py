@@ -43,6 +43,7 @@ from tftrain.options import RunOptions
 from tftrain.services.best_checkpoint import BestCheckpointService
 from tftrain.services.checkpointing import CheckpointService
 from tftrain.services.hparams import HParamsService
+from tftrain.services.lock_heartbeat import WriterLockService
 from tftrain.services.loss_recovery import LossRecovery
 from tftrain.services.multiworker_preemption import MultiWorkerPreemption, multiworker_preemption
 from tftrain.services.nan_guard import NonFiniteGuard
@@ -54,7 +55,6 @@ from tftrain.services.step_budget import StepBudget
 from tftrain.services.step_summaries import InStepSummaryService
 from tftrain.services.tensorboard import SummaryService
 from tftrain.services.timing_state import TimingService
-from tftrain.services.writer_lock import WriterLockService
 
 __all__ = ["BUILT_IN_NAMES", "RunParts", "report_resume", "start_run"]
 
