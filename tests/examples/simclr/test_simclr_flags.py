@@ -310,10 +310,11 @@ def test_se_and_sk_ratios_build_the_reference_blocks():
 @pytest.mark.parametrize("cifar_stem", [True, False])
 def test_the_saved_model_is_the_reference_s_and_keeps_the_newest(tmp_path, cifar_stem):
     model = experiment.build_model(tiny(cifar_stem=cifar_stem), 8)
-    for step in (2, 4, 6):
+    steps = (2, 4, 6) if cifar_stem else (6,)  # keeping the newest does not depend on the stem: tested once
+    for step in steps:
         path = experiment.export_saved_model(model, str(tmp_path), step, keep=2)
     assert path == str(tmp_path / "saved_model" / "6")
-    assert sorted(os.listdir(tmp_path / "saved_model")) == ["4", "6"]
+    assert sorted(os.listdir(tmp_path / "saved_model")) == (["4", "6"] if cifar_stem else ["6"])
     loaded = tf.saved_model.load(path)
     images = np.random.RandomState(0).rand(2, 16, 16, 3).astype("float32")
     tensors = loaded(tf.constant(images), trainable=False)
