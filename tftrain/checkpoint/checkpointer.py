@@ -573,14 +573,8 @@ class Checkpointer:
         except Exception as cleanup_error:  # the write's error is the one to report
             cleanup = f" Removing its partial files failed too ({files.error_line(cleanup_error)})."
         kept = files.last_kept(self.restore_directory)
-        resume = (
-            f"The last checkpoint written, {kept}, is intact and kept: rerunning `fit` on the same "
-            "model_dir resumes from it."
-            if kept is not None
-            else "No checkpoint was written before it: a rerun on the same model_dir starts from the beginning."
-        )
         return CheckpointWriteError(
-            f"Could not write the checkpoint {path}: {files.error_line(error)}.{cleanup} {resume} Expected "
+            f"Could not write the checkpoint {path}: {files.error_line(error)}.{cleanup} {files.rerun_resumes(kept)} Expected "
             f"room and write permission in {self.directory}: free space (or raise the quota, fix the "
             "permissions), then rerun.",
             checkpoint=path,

@@ -12,7 +12,9 @@ import warnings
 
 import tensorflow as tf
 
-__all__ = ["CHECKPOINT_NAME", "candidates", "clean_leftovers", "error_line", "last_kept", "recorded", "set_aside"]
+__all__ = [
+    "CHECKPOINT_NAME", "candidates", "clean_leftovers", "error_line", "last_kept", "recorded", "rerun_resumes", "set_aside",
+]  # fmt: skip
 
 CHECKPOINT_NAME = "ckpt"
 
@@ -39,6 +41,13 @@ def error_line(error: BaseException) -> str:
     message = error.message if isinstance(error, tf.errors.OpError) else str(error)
     lines = re.sub(r"^\{\{[^}]*\}\}\s*", "", message.strip()).splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def rerun_resumes(kept: str | None) -> str:
+    """What a rerun on the same model_dir does after a failed write: resume from `kept`, or start over where it is None."""
+    if kept is None:
+        return "No checkpoint was written before it: a rerun on the same model_dir starts from the beginning."
+    return f"The last checkpoint written, {kept}, is intact and kept: rerunning `fit` on the same model_dir resumes from it."
 
 
 def last_kept(directory: str) -> str | None:

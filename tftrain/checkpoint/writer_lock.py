@@ -203,14 +203,8 @@ def unwritable_error(layout: ModelDirLayout, what: str, error: Exception) -> Mod
         error: The error it met.
     """
     kept = files.last_kept(layout.checkpoints)
-    resume = (
-        f"The last checkpoint written, {kept}, is intact and kept: rerunning `fit` on the same model_dir "
-        "resumes from it."
-        if kept is not None
-        else "No checkpoint was written before it: a rerun on the same model_dir starts from the beginning."
-    )
     return ModelDirError(
-        f"Could not write to {layout.root}: {what} failed: {files.error_line(error)}. {resume} Expected write "
+        f"Could not write to {layout.root}: {what} failed: {files.error_line(error)}. {files.rerun_resumes(kept)} Expected write "
         f"permission and room in {layout.root}: make it writable again (or free space), then rerun.",
         directory=layout.root,
         kept=kept,

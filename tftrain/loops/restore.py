@@ -97,12 +97,13 @@ def restore_run(
         return None
     _check_model_built(validated.path, request.model)
     comparison, next_epoch = _compare_record(validated, request)  # 2. the run record
-    learning_rates = run_record.learning_rates(_optimizers(request))  # the user's, before the restore
+    optimizers = _optimizers(request)
+    learning_rates = run_record.learning_rates(optimizers)  # the user's, before the restore
     iterator = request.data.load(validated, fresh_pass=next_epoch)  # 3. the data pipeline
     progress = checkpointer.restore(validated, iterator)  # 4. progress, model, optimizer (the iterator first)
     if progress is None:  # damaged where only a restore reads it: the checkpoint before it
         return restore_run(checkpointer, request)
-    comparison = run_record.apply_taken(comparison, _optimizers(request), learning_rates)
+    comparison = run_record.apply_taken(comparison, optimizers, learning_rates)
     resumed = _at_next_epoch(progress) if next_epoch else progress  # the rest of its epoch not trained
     _report(validated.path, comparison, request, resumed)
     _load_services_state(request, validated)  # 5. the services' state
