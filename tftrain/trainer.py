@@ -51,7 +51,6 @@ def _option_objects(
     check_engine_options(run, engine)
     nonfinite_policy = NonFinitePolicy(
         **{name: value for name, value in options.items() if name not in run_fields},
-        terminate_on_nan=run.terminate_on_nan,
         keep_every_steps=keep_every_steps_for(engine),
     )
     nonfinite_policy.check(model_dir=run.model_dir)
