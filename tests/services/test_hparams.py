@@ -61,6 +61,8 @@ def test_hparams_of_shows_each_value_once_under_one_name_with_its_own_type():
         "hparams.dry_run": True,
         "hparams.command_line": "train.py --learning_rate=0.1 --steps_per_loop=8",
         "hparams.trainer.steps_per_loop": 8,  # the program's flag for an option the record holds itself
+        "epochs": 3,
+        "hparams.trainer.epochs": 2,  # the record's own value is the one in effect
         "hparams.trainer.checkpoint_every_steps": 16,
         "hparams.trainer.model_dir": "runs/lr0.1",
     }
@@ -73,6 +75,7 @@ def test_hparams_of_shows_each_value_once_under_one_name_with_its_own_type():
         "trainer.checkpoint_every_steps": 16,
         "trainer.steps_per_loop": 8,
         "trainer.jit_compile": False,
+        "trainer.epochs": 3,
         "optimizer.class": "keras.optimizers.SGD",
         "optimizer.momentum": 0.9,
         "model.loss": "mse",

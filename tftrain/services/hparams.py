@@ -69,10 +69,10 @@ _COLUMNS = {
 # run's directory (the row's own name, `trial_id`).
 _NOT_SHOWN = (COMMAND_LINE, TRAINER_FLAGS_PREFIX + "model_dir")
 
-Value = bool | int | float | str
+_Plain = bool | int | float | str
 
 
-def hparams_of(record: Mapping[str, Any]) -> dict[str, Value]:
+def hparams_of(record: Mapping[str, Any]) -> dict[str, _Plain]:
     """The record as TensorBoard's hyperparameters: each value once, under one name, with its own type.
 
     The columns, in three groups:
@@ -100,24 +100,25 @@ def hparams_of(record: Mapping[str, Any]) -> dict[str, Value]:
     Returns:
         The hyperparameters by column name: the user's, then the Trainer's options, then the rest.
     """
-    users: dict[str, Value] = {}
-    options: dict[str, Value] = {}
-    rest: dict[str, Value] = {}
+    users: dict[str, _Plain] = {}
+    flagged: dict[str, _Plain] = {}  # a program's flags for the Trainer's options
+    options: dict[str, _Plain] = {}  # the options the record holds itself
+    rest: dict[str, _Plain] = {}
     for key, value in sorted(record.items()):
         if key in HIDDEN_KEYS or key.endswith(".variables") or value is None:
             continue
-        shown = value if isinstance(value, Value) else json.dumps(value, sort_keys=True)
+        shown = value if isinstance(value, _Plain) else json.dumps(value, sort_keys=True)
         if key.startswith(HPARAMS_PREFIX):
             name = key[len(HPARAMS_PREFIX) :]
             if name not in _NOT_SHOWN:
-                (options if name.startswith(TRAINER_FLAGS_PREFIX) else users)[name] = shown
+                (flagged if name.startswith(TRAINER_FLAGS_PREFIX) else users)[name] = shown
         elif key.startswith(OPTIMIZERS_PREFIX) and "." not in key[len(OPTIMIZERS_PREFIX) :]:
             rest[f"{key}.class"] = shown
         elif "." in key or key in _COLUMNS:
             rest[_COLUMNS.get(key, key)] = shown
         else:  # a Trainer option the record holds itself: its value is the one in effect
             options[TRAINER_FLAGS_PREFIX + key] = shown
-    library = {**options, **rest}
+    library = {**flagged, **options, **rest}  # an option's value in effect over its flag's
     for name, value in users.items():
         for column in [column for column in library if column.rsplit(".", 1)[-1] == name.rsplit(".", 1)[-1]]:
             if _same(library[column], value):
@@ -127,7 +128,7 @@ def hparams_of(record: Mapping[str, Any]) -> dict[str, Value]:
     return {**users, **library}
 
 
-def _same(one: Value, other: Value) -> bool:
+def _same(one: _Plain, other: _Plain) -> bool:
     """Equal values of one kind (a bool is no number here)."""
     return isinstance(one, bool) == isinstance(other, bool) and isinstance(one, str) == isinstance(other, str) and one == other
 
