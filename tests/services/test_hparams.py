@@ -49,6 +49,8 @@ def test_hparams_of_shows_each_value_once_under_one_name_with_its_own_type():
         "optimizer.momentum": 0.9,
         "loss": "mse",
         "data.element_spec": ["float32[3]", "float32[1]"],
+        "data.global_batch_size": 64,
+        "hparams.batch_size": 64,  # a program's global batch size: the record's shown once, as the program's
         "model.layers": ["Dense[3x1, 1]"],
         "model.layer_names": ["dense"],
         "optimizer.variables": [[3, 1]],
@@ -72,6 +74,7 @@ def test_hparams_of_shows_each_value_once_under_one_name_with_its_own_type():
         "momentum": 0.5,
         "hparams.model.loss": "mae",
         "dry_run": True,
+        "batch_size": 64,
         "trainer.checkpoint_every_steps": 16,
         "trainer.steps_per_loop": 8,
         "trainer.jit_compile": False,
@@ -81,7 +84,7 @@ def test_hparams_of_shows_each_value_once_under_one_name_with_its_own_type():
         "model.loss": "mse",
         "data.element_spec": '["float32[3]", "float32[1]"]',
     }
-    assert set(list(shown)[:4]) == {"dry_run", "hparams.model.loss", "learning_rate", "momentum"}  # the user's first
+    assert set(list(shown)[:5]) == {"batch_size", "dry_run", "hparams.model.loss", "learning_rate", "momentum"}  # the user's first
 
 
 def test_a_runs_trial_id_is_its_directorys_name_and_a_hash_of_its_path(tmp_path):

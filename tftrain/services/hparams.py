@@ -89,7 +89,8 @@ def hparams_of(record: Mapping[str, Any]) -> dict[str, _Plain]:
 
     A value of the record that a user's value of the same name already
     shows (a program's `learning_rate` flag and `optimizer.learning_rate`,
-    equal) is shown once, under the user's name. Numbers are numbers, bools
+    equal; a `batch_size` flag and `data.global_batch_size`, equal) is
+    shown once, under the user's name. Numbers are numbers, bools
     bools, lists JSON text; None, the command line (its flags are columns),
     the run's directory (the row's own name) and the model's and optimizer's
     structure are left out.
@@ -120,12 +121,21 @@ def hparams_of(record: Mapping[str, Any]) -> dict[str, _Plain]:
             options[TRAINER_FLAGS_PREFIX + key] = shown
     library = {**flagged, **options, **rest}  # an option's value in effect over its flag's
     for name, value in users.items():
-        for column in [column for column in library if column.rsplit(".", 1)[-1] == name.rsplit(".", 1)[-1]]:
+        for column in [column for column in library if _short_name(column) == name.rsplit(".", 1)[-1]]:
             if _same(library[column], value):
                 del library[column]
     clashing = {name for name in users if name in library}  # a user's name that is a column of the record's
     users = {(HPARAMS_PREFIX + name if name in clashing else name): value for name, value in users.items()}
     return {**users, **library}
+
+
+# Record columns a program's value of another name stands for: a `batch_size` flag is the global batch.
+_ALSO_NAMED = {"data.global_batch_size": "batch_size"}
+
+
+def _short_name(column: str) -> str:
+    """The name a user's value shows `column` under: its last part, or the name it is also known by."""
+    return _ALSO_NAMED.get(column, column.rsplit(".", 1)[-1])
 
 
 def _same(one: _Plain, other: _Plain) -> bool:
