@@ -64,11 +64,16 @@ def test_tensorflows_python_info_lines_of_a_save_are_dropped_and_every_other_rec
     from absl import logging as absl_logging
 
     checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.INFO)  # as a program under absl: a SavedModel save sets the level from it
     with caplog.at_level(logging.INFO), native_log.without_save_info():
         checkpoint.write(str(tmp_path / "ckpt"))  # logs "Sharding callback duration: ... microseconds" at INFO
+        tf.saved_model.save(tf.Module(), str(tmp_path / "export"))  # "Assets written to", "Writing fingerprint"
         absl_logging.info("the program's own line")
         absl_logging.warning("the program's own warning")
-    assert "Sharding callback" not in caplog.text
+    absl_logging.set_verbosity(verbosity)
+    assert "Sharding callback" not in caplog.text and "Assets written" not in caplog.text
+    assert "fingerprint" not in caplog.text
     assert "the program's own line" in caplog.text and "the program's own warning" in caplog.text
     saver = os.path.join(os.path.dirname(inspect.getfile(tf.train.Checkpoint)), "functional_saver.py")
     warning = logging.getLogger("absl").makeRecord("absl", logging.WARNING, saver, 1, "kept", (), None)

@@ -7,7 +7,8 @@ lines as its writer thread starts, syncs and ends), which a program under
 absl prints (absl's handler shows INFO). From the first save on, a filter
 on the `absl` and `tensorflow` loggers drops the records below WARNING
 that come from TensorFlow's checkpoint modules (the package of
-`tf.train.Checkpoint`); the program's own INFO lines, and TensorFlow's
+`tf.train.Checkpoint`) and its SavedModel modules (an export's "Assets
+written to" and fingerprint lines); the program's own INFO lines, and TensorFlow's
 warnings and errors, still show.
 
 Each save of a `tf.data` iterator with symbolic checkpointing also logs
@@ -48,21 +49,24 @@ def _info_shown() -> bool:
 
 
 class CheckpointInfoFilter(logging.Filter):
-    """Drops the log records below WARNING that TensorFlow's checkpoint modules log (each save's bookkeeping).
+    """Drops the log records below WARNING that TensorFlow's checkpoint and SavedModel modules log (each save's bookkeeping).
 
     Args:
-        directory: The directory of TensorFlow's checkpoint modules (its
-            subdirectories too).
+        directories: The directories of TensorFlow's checkpoint and SavedModel
+            modules (their subdirectories too).
     """
 
-    def __init__(self, directory: str):
+    def __init__(self, *directories: str):
         super().__init__()
-        self.directory = directory
+        self.directories = directories
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
             return True
-        return not (record.pathname == self.directory or record.pathname.startswith(self.directory + os.sep))
+        return not any(
+            record.pathname == directory or record.pathname.startswith(directory + os.sep)
+            for directory in self.directories
+        )
 
 
 # absl's `logging.info` logs to the `absl` logger; TensorFlow's `tf_logging` to the `tensorflow` logger.
@@ -71,11 +75,12 @@ _TENSORFLOW_LOGGERS = ("absl", "tensorflow")
 
 def quiet_python_save_info() -> None:
     """Puts `CheckpointInfoFilter` on the loggers TensorFlow's checkpoint modules log to, once per process."""
-    directory = os.path.dirname(inspect.getfile(tf.train.Checkpoint))
+    # A SavedModel export ("Assets written to", "Writing fingerprint") is a save too.
+    directories = [os.path.dirname(inspect.getfile(item)) for item in (tf.train.Checkpoint, tf.saved_model.save)]
     for name in _TENSORFLOW_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(existing, CheckpointInfoFilter) for existing in logger.filters):
-            logger.addFilter(CheckpointInfoFilter(directory))
+            logger.addFilter(CheckpointInfoFilter(*directories))
 
 
 @contextlib.contextmanager
