@@ -130,6 +130,7 @@ def _uses_a_module_fixture_of(item, path: str) -> bool:
     return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups marked here
 def pytest_collection_modifyitems(config, items):
     """Marks the `floor` and `fast` tiers (above) and groups the tests that share a module fixture."""
     representatives, shared = {}, set()
