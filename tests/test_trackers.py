@@ -10,6 +10,7 @@ parameters. The tests skip where the `trackers` extra is not installed.
 
 import json
 import struct
+import time
 
 import keras
 import numpy as np
@@ -147,23 +148,32 @@ def test_run_record_logger_gives_mlflow_the_run_record_as_parameters(mlflow, tmp
     assert params["optimizer_learning_rate"].startswith("0.0099")  # MLflow's callback's own, beside the record
 
 
-@pytest.fixture
-def wandb(tmp_path, monkeypatch):
-    """W&B offline, every file it writes under `tmp_path`."""
+@pytest.fixture(scope="module")
+def wandb(tmp_path_factory):
+    """W&B offline, every file it writes under the module's directory; its service process started once."""
     wandb = pytest.importorskip("wandb", reason=f"Weights & Biases is {_MISSING}")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / "wandb"))
-    (tmp_path / "wandb").mkdir()
-    yield wandb
-    wandb.teardown()
+    path = tmp_path_factory.mktemp("wandb")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "offline")
+        patch.setenv("WANDB_SILENT", "true")
+        for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+            patch.setenv(name, str(path))
+        yield wandb
+        wandb.teardown()
 
 
-def _finish(wandb, run) -> None:
-    """Ends the run and W&B's service process, which writes the run's file until it exits."""
+def _finish(run) -> None:
+    """Ends the run and waits until W&B's service process has written the run's file to its end (the exit record)."""
     run.finish()
-    wandb.teardown()
+    deadline = time.monotonic() + 60
+    while not any(record.WhichOneof("record_type") == "exit" for record in _wandb_records(_wandb_file(run))):
+        assert time.monotonic() < deadline, "W&B wrote no exit record"
+        time.sleep(0.05)
+
+
+def _wandb_file(run) -> str:
+    """The offline run's records: `run-<id>.wandb` beside its `files/` directory."""
+    return f"{run.dir}/../run-{run.id}.wandb"
 
 
 def _wandb_records(path: str):
@@ -194,7 +204,7 @@ def _wandb_records(path: str):
 def _wandb_run(run) -> dict:
     """What an offline run recorded: each `wandb.log` row (less its clock) and its configuration."""
     rows, config = [], {}
-    for record in _wandb_records(f"{run.dir}/../run-{run.id}.wandb"):
+    for record in _wandb_records(_wandb_file(run)):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
@@ -212,7 +222,7 @@ def test_wandb_metrics_logger_records_a_trainer_fit_as_model_fit(wandb):
     for side in ("keras", "trainer"):
         run = wandb.init(project="tftrain", name=side)
         _fit(side, [WandbMetricsLogger(log_freq="batch")])  # each batch, and each epoch
-        _finish(wandb, run)
+        _finish(run)
         recorded[side] = _wandb_run(run)["rows"]
     keras_rows, trainer_rows = recorded["keras"], recorded["trainer"]
     assert [sorted(row) for row in trainer_rows] == [sorted(row) for row in keras_rows]
@@ -234,7 +244,7 @@ def test_run_record_logger_gives_wandb_the_run_record_as_configuration(wandb, tm
         model_dir=model_dir,
         hparams={"width": 8},
     )
-    _finish(wandb, run)
+    _finish(run)
     config = _wandb_run(run)["config"]
     assert config == {"seed": 0, **hparams_of(run_record.read_file(model_dir))}
     assert config["hparams.width"] == 8 and config["optimizer.learning_rate"] == pytest.approx(0.01)
