@@ -166,7 +166,10 @@ def test_with_a_model_dir_the_options_hold_the_programs_flags_and_command_line(t
     hparams = flags.trainer_kwargs(flag_values=values)["hparams"]
     assert hparams["command_line"] == "train.py --temperature=0.5"
     assert (hparams["temperature"], hparams["sizes"], hparams["note"]) == (0.5, "8,4", None)
-    assert hparams["model_dir"] == str(tmp_path) and hparams["steps_per_loop"] == "auto"
+    # tftrain's flags under `trainer.`, as the Trainer takes them.
+    assert hparams["trainer.model_dir"] == str(tmp_path) and hparams["trainer.steps_per_loop"] == "auto"
+    assert hparams["trainer.jit_compile"] is False and hparams["trainer.preemption_signals"] == "SIGTERM"
+    assert "steps_per_loop" not in hparams
     assert "flagfile" not in hparams and "verbosity" not in hparams  # absl's own
     trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", **flags.trainer_kwargs(flag_values=values))
     assert trainer.run_options.hparams["temperature"] == 0.5
@@ -185,7 +188,7 @@ def test_the_example_program_trains_from_a_flagfile_and_refuses_a_bad_flag(tmp_p
     with open(tmp_path / "run" / "run_record.json") as file:
         record = json.load(file)["record"]
     assert record["hparams.command_line"].endswith(f"flags_program.py --flagfile={flagfile}")
-    assert record["hparams.steps_per_loop"] == "2" and record["hparams.epochs"] == 2
+    assert record["hparams.trainer.steps_per_loop"] == 2 and record["hparams.trainer.epochs"] == 2
     bad = subprocess.run(
         [sys.executable, PROGRAM, "--steps_per_loop=0"], capture_output=True, text=True, env=env, timeout=300
     )

@@ -45,7 +45,7 @@ from absl import flags as absl_flags
 
 from tftrain import distribute
 from tftrain.arguments import check_int
-from tftrain.checkpoint.run_record import COMMAND_LINE
+from tftrain.checkpoint.run_record import COMMAND_LINE, TRAINER_FLAGS_PREFIX
 from tftrain.trainer import OPTION_NAMES, Trainer, check_options
 
 __all__ = [
@@ -347,25 +347,53 @@ def program_hparams(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> di
     """The program's command line and the value of each of its flags, as `Trainer(hparams=...)` takes them.
 
     Every parsed flag is in it but those absl, TensorFlow, Keras,
-    TensorBoard and tfds define; a list flag is one comma-separated string.
-    A resume says which flag changed; the command line itself is recorded
+    TensorBoard and tfds define. The program's own flags are under their
+    names, with their values (a list flag is one comma-separated string);
+    the flags `define_trainer_flags` defined are under
+    `trainer.<argument>` (whatever their prefix), each as the Trainer or
+    `fit` takes it (`trainer.steps_per_loop`: 8, `trainer.jit_compile`:
+    False; a pair or a list of signals as one comma-separated string). A
+    resume says which flag changed; the command line itself is recorded
     but not compared (its form changes with a flag's order or a flagfile).
 
     Returns:
-        The values by name: `command_line` (e.g. `train.py --lr=0.1`), then
-        each flag's (e.g. `lr`: 0.1).
+        The values by name: `command_line` (e.g. `train.py --lr=0.1 --steps_per_loop=8`),
+        then each flag's (e.g. `lr`: 0.1, `trainer.steps_per_loop`: 8).
 
     Raises:
         absl.flags.UnparsedFlagAccessError: the flags are not parsed yet (call it in `main`).
     """
     values: dict[str, Any] = {COMMAND_LINE: shlex.join(sys.argv)}  # recorded, not compared at a resume
+    trainer_flags = _trainer_flags(flag_values)
     for module, module_flags in flag_values.flags_by_module_dict().items():
         if module.split(".")[0] in _LIBRARY_PACKAGES:
             continue
         for flag in module_flags:
             value = getattr(flag_values, flag.name)
-            values[flag.name] = ",".join(map(str, value)) if isinstance(value, list | tuple) else value
+            if flag.name in trainer_flags:
+                name, parameter = trainer_flags[flag.name]
+                values[TRAINER_FLAGS_PREFIX + name] = _one_value(_kind(parameter)[2](value))
+            else:
+                values[flag.name] = _one_value(value)
     return values
+
+
+def _one_value(value: Any) -> Any:
+    """A flag's value as one plain value: a list or tuple as one comma-separated string."""
+    return ",".join(map(str, value)) if isinstance(value, list | tuple) else value
+
+
+def _trainer_flags(flag_values: absl_flags.FlagValues) -> dict[str, tuple[str, inspect.Parameter]]:
+    """The flags `define_trainer_flags` defined (this module's), by flag name: their argument's name and parameter."""
+    parameters = {name: parameter for _, group in _groups().values() for name, parameter in group.items()}
+    found = {}
+    for flag in flag_values.get_flags_for_module(__name__):
+        # The argument the flag's name ends with, after its prefix (the longest: `use_tpu`, not `tpu`).
+        names = [name for name in parameters if flag.name.endswith(name)]
+        if names:
+            name = max(names, key=len)
+            found[flag.name] = (name, parameters[name])
+    return found
 
 
 def fit_kwargs(*, prefix: str = "", flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> dict[str, Any]:

@@ -54,3 +54,22 @@ def test_fit_with_checkpoints_prints_no_save_info_line(tmp_path):
     assert "saves 4" in result.stdout
     assert "iterator_ops" not in result.stderr  # the save's INFO line
     assert re.search(r"^(I\d|\d{4}-\d\d-\d\d [\d:.]+: I )", result.stderr, re.M)  # other INFO lines show
+
+
+def test_tensorflows_python_info_lines_of_a_save_are_dropped_and_every_other_record_kept(tmp_path, caplog):
+    import inspect
+    import logging
+
+    import tensorflow as tf
+    from absl import logging as absl_logging
+
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    with caplog.at_level(logging.INFO), native_log.without_save_info():
+        checkpoint.write(str(tmp_path / "ckpt"))  # logs "Sharding callback duration: ... microseconds" at INFO
+        absl_logging.info("the program's own line")
+        absl_logging.warning("the program's own warning")
+    assert "Sharding callback" not in caplog.text
+    assert "the program's own line" in caplog.text and "the program's own warning" in caplog.text
+    saver = os.path.join(os.path.dirname(inspect.getfile(tf.train.Checkpoint)), "functional_saver.py")
+    warning = logging.getLogger("absl").makeRecord("absl", logging.WARNING, saver, 1, "kept", (), None)
+    assert all(f.filter(warning) for f in logging.getLogger("absl").filters)  # TensorFlow's warnings still show

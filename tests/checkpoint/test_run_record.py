@@ -77,6 +77,19 @@ def test_the_users_values_are_recorded_and_compared_but_the_command_line_only_re
     assert built["hparams.seed"] == 3
 
 
+def test_a_programs_flag_for_an_option_is_compared_once_and_an_older_records_text_of_it_is_the_same_value():
+    older = _record(settings={"steps_per_loop": 8})  # its flags as their text, under `hparams.<option>`
+    older.update({"hparams.steps_per_loop": "8", "hparams.jit_compile": "False", "hparams.max_to_keep": 5})
+    now = _record(settings={"steps_per_loop": 8})
+    now.update({"hparams.trainer.steps_per_loop": 8, "hparams.trainer.jit_compile": False, "hparams.trainer.max_to_keep": 5})
+    assert run_record.compare(older, now, mid_epoch=True).taken_lines() == []
+    now.update({"steps_per_loop": 4, "hparams.trainer.steps_per_loop": 4, "hparams.trainer.max_to_keep": 2})
+    assert run_record.compare(older, now, mid_epoch=True).taken_lines() == [
+        "hparams.trainer.max_to_keep: 5 in the checkpoint, 2 now (yours)",
+        "steps_per_loop: 8 in the checkpoint, 4 now (yours)",  # said once, by the record's own field
+    ]
+
+
 def test_another_optimizer_class_is_refused_once_not_per_hyperparameter():
     comparison = run_record.compare(
         _record(keras.optimizers.SGD(0.1)), _record(keras.optimizers.Adam(0.1)), mid_epoch=False

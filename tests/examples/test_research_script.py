@@ -54,7 +54,7 @@ def test_each_run_is_checked_by_a_dry_run_then_trains_and_records_its_flags(two_
             record = json.load(file)["record"]
         assert record["optimizer.learning_rate"] == float(learning_rate)
         assert record["hparams.learning_rate"] == float(learning_rate)
-        assert record["hparams.checkpoint_every_steps"] == 16
+        assert record["hparams.trainer.checkpoint_every_steps"] == 16
         assert "--flagfile=" in record["hparams.command_line"]
     final = {lr: float(stdout.split("val_accuracy ")[-1].split()[0]) for lr, stdout in runs.items()}
     assert final["0.003"] > final["0.0003"]  # the page's point: the higher rate learns faster here
@@ -77,11 +77,35 @@ def test_the_runs_are_two_rows_of_the_hparams_tab(two_runs, tmp_path):
             if len(ended) == 2 or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        rates = sorted(group["hparams"]["hparams.learning_rate"] for group in groups)
+        experiment = server.post("/data/plugin/hparams/experiment", {"experimentName": ""})
+        rates = sorted(group["hparams"]["learning_rate"] for group in groups)
         assert rates == pytest.approx([0.0003, 0.003])
         for group in groups:
             metrics = {(m["name"]["group"], m["name"]["tag"]) for m in group["metricValues"]}
             assert ("", "val_accuracy") in metrics
+            # No value twice: no two columns of one name (the last part of it) with the same value; the
+            # program's `batch_size` flag is the global batch size.
+            seen = set()
+            for name, value in group["hparams"].items():
+                short = "batch_size" if name == "data.global_batch_size" else name.rsplit(".", 1)[-1]
+                assert (short, json.dumps(value)) not in seen, name
+                seen.add((short, json.dumps(value)))
+        infos = experiment["hparamInfos"]
+        # The varied flag is the one column that differs, first; the program's flags under their own names,
+        # the Trainer's options under `trainer.`, each with its own type.
+        assert [info["name"] for info in infos if info.get("differs")] == ["learning_rate"] == [infos[0]["name"]]
+        types = {info["name"]: info["type"] for info in infos}
+        assert {name: types[name] for name in ("learning_rate", "width", "batch_size", "num_examples", "dry_run")} == {
+            "learning_rate": "DATA_TYPE_FLOAT64", "width": "DATA_TYPE_FLOAT64", "batch_size": "DATA_TYPE_FLOAT64",
+            "num_examples": "DATA_TYPE_FLOAT64", "dry_run": "DATA_TYPE_BOOL",
+        }  # fmt: skip
+        assert types["trainer.steps_per_loop"] == types["trainer.checkpoint_every_steps"] == "DATA_TYPE_FLOAT64"
+        assert types["trainer.jit_compile"] == types["trainer.use_tf_function"] == "DATA_TYPE_BOOL"
+        assert types["trainer.epochs"] == "DATA_TYPE_FLOAT64" and types["optimizer.class"] == "DATA_TYPE_STRING"
+        program = {"learning_rate", "width", "batch_size", "num_examples", "dry_run"}
+        groups_of = {name.split(".")[0] for name in types if name not in program}
+        assert groups_of == {"trainer", "optimizer", "model", "data", "strategy", "versions"}, sorted(types)
+        assert "optimizer.learning_rate" not in types and "command_line" not in types and "trainer.model_dir" not in types
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         if chromium is None:
             pytest.skip("the screenshot needs Chromium (apt-get install chromium); the data above was checked")

@@ -42,23 +42,49 @@ def _root_tags(model_dir):
     return tags
 
 
-def test_hparams_of_shows_plain_values_lists_as_json_and_leaves_out_structure_and_none():
+def test_hparams_of_shows_each_value_once_under_one_name_with_its_own_type():
     record = {
+        "optimizer": "keras.optimizers.SGD",
         "optimizer.learning_rate": 0.1,
+        "optimizer.momentum": 0.9,
+        "loss": "mse",
         "data.element_spec": ["float32[3]", "float32[1]"],
+        "data.global_batch_size": 64,
+        "hparams.batch_size": 64,  # a program's global batch size: the record's shown once, as the program's
         "model.layers": ["Dense[3x1, 1]"],
         "model.layer_names": ["dense"],
         "optimizer.variables": [[3, 1]],
         "ema_decay": None,
-        "use_tf_function": True,
-        "hparams.note": "x",
+        "steps_per_loop": 8,
+        "jit_compile": False,
+        "hparams.learning_rate": 0.1,  # a program's flag, the optimizer's rate: shown once, as the program's
+        "hparams.momentum": 0.5,  # another value than the optimizer's: both shown
+        "hparams.model.loss": "mae",  # a column of the record's own: the user's keeps its prefix
+        "hparams.dry_run": True,
+        "hparams.command_line": "train.py --learning_rate=0.1 --steps_per_loop=8",
+        "hparams.trainer.steps_per_loop": 8,  # the program's flag for an option the record holds itself
+        "epochs": 3,
+        "hparams.trainer.epochs": 2,  # the record's own value is the one in effect
+        "hparams.trainer.checkpoint_every_steps": 16,
+        "hparams.trainer.model_dir": "runs/lr0.1",
     }
-    assert hparams_of(record) == {
-        "optimizer.learning_rate": 0.1,
+    shown = hparams_of(record)
+    assert shown == {
+        "learning_rate": 0.1,
+        "momentum": 0.5,
+        "hparams.model.loss": "mae",
+        "dry_run": True,
+        "batch_size": 64,
+        "trainer.checkpoint_every_steps": 16,
+        "trainer.steps_per_loop": 8,
+        "trainer.jit_compile": False,
+        "trainer.epochs": 3,
+        "optimizer.class": "keras.optimizers.SGD",
+        "optimizer.momentum": 0.9,
+        "model.loss": "mse",
         "data.element_spec": '["float32[3]", "float32[1]"]',
-        "use_tf_function": True,
-        "hparams.note": "x",
     }
+    assert set(list(shown)[:5]) == {"batch_size", "dry_run", "hparams.model.loss", "learning_rate", "momentum"}  # the user's first
 
 
 def test_a_runs_trial_id_is_its_directorys_name_and_a_hash_of_its_path(tmp_path):
@@ -77,9 +103,9 @@ def test_a_fit_writes_its_record_its_final_logs_and_its_end_to_the_run_directory
     content = start[0][1].metadata.plugin_data.content
     hparams = metadata.parse_session_start_info_plugin_data(content).hparams
     assert hparams["optimizer.learning_rate"].number_value == pytest.approx(0.1)
-    assert hparams["hparams.seed"].number_value == 0
-    assert hparams["hparams.augment"].string_value == "strong"
-    assert "hparams.note" not in hparams  # None is recorded, not shown
+    assert hparams["seed"].number_value == 0
+    assert hparams["augment"].string_value == "strong"
+    assert "note" not in hparams  # None is recorded, not shown
     assert "model.layers" not in hparams
     # The epochs' logs under their Keras names, the last at the run's last step.
     for name in ("loss", "mae", "val_loss", "val_mae"):
@@ -156,7 +182,7 @@ def test_two_runs_under_one_log_root_are_two_rows_of_a_real_tensorboards_hparams
     assert len(groups) == 2
     infos = {info["name"]: info for info in experiment["hparamInfos"]}
     assert infos["optimizer.learning_rate"]["differs"] is True
-    assert infos["optimizer"]["differs"] is False
+    assert infos["optimizer.class"]["differs"] is False
     assert {"group": "", "tag": "val_loss"} in [info["name"] for info in experiment["metricInfos"]]
     rows = {}
     for group in groups:
@@ -168,8 +194,8 @@ def test_two_runs_under_one_log_root_are_two_rows_of_a_real_tensorboards_hparams
     for name, learning_rate in (("fast", 0.1), ("slow", 0.01)):
         hparams, metrics, status = rows[name]
         assert hparams["optimizer.learning_rate"] == pytest.approx(learning_rate)
-        assert hparams["hparams.seed"] == 0
-        assert hparams["optimizer"] == "keras.optimizers.SGD"
+        assert hparams["seed"] == 0
+        assert hparams["optimizer.class"] == "keras.optimizers.SGD"
         assert status == "STATUS_SUCCESS"
         for key in ("loss", "mae", "val_loss", "val_mae"):
             assert metrics[("", key)] == pytest.approx(final[name][key][-1], rel=1e-6)

@@ -9,7 +9,7 @@ only lower layers (`tftrain.fit_inputs` for a shuffled pass's order, `summaries`
   `restore_model`.
 - `files`: a checkpoint directory's files (recorded checkpoints, leftovers
   of interrupted saves, damaged ones set aside).
-- `native_log`: TensorFlow's per-save INFO line kept out of the log.
+- `native_log`: TensorFlow's per-save INFO lines kept out of the log.
 - `validation`: reading a checkpoint whole and checking it against the model
   before anything is assigned.
 - `warm_start`: initializing a new run from another run's checkpoint.

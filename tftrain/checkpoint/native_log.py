@@ -1,6 +1,16 @@
-"""Keeps TensorFlow's per-save INFO line out of the log, and nothing else.
+"""Keeps TensorFlow's per-save INFO lines out of the log, and nothing else.
 
-Each save of a `tf.data` iterator with symbolic checkpointing logs
+TensorFlow's checkpoint code logs at INFO level through Python's logging at
+each save (`functional_saver.py`'s "Sharding callback duration: 14
+microseconds"; with `async_checkpoint`, `async_checkpoint_helper.py`'s
+lines as its writer thread starts, syncs and ends), which a program under
+absl prints (absl's handler shows INFO). From the first save on, a filter
+on the `absl` and `tensorflow` loggers drops the records below WARNING
+that come from TensorFlow's checkpoint modules (the package of
+`tf.train.Checkpoint`); the program's own INFO lines, and TensorFlow's
+warnings and errors, still show.
+
+Each save of a `tf.data` iterator with symbolic checkpointing also logs
 "Saving symbolic checkpoint" at INFO level from TensorFlow's C++ code
 (`iterator_ops.cc`). TensorFlow offers no way to lower its C++ log level
 once it is loaded (`TF_CPP_MIN_LOG_LEVEL` is read once), so during a save
@@ -15,11 +25,15 @@ TensorFlow's writer thread after `save` returned: that line still shows.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import logging
 import os
 import re
 import sys
 import threading
 from collections.abc import Iterator
+
+import tensorflow as tf
 
 # glog/absl's INFO prefix ("I1205 08:47:03.473787 ...", or TF 2.16's "2026-12-05 08:47:03.473787: I ...").
 _SAVE_INFO = re.compile(rb"^(I\d|\d{4}-\d\d-\d\d [\d:.]+: I ).*Saving symbolic checkpoint")
@@ -33,9 +47,41 @@ def _info_shown() -> bool:
         return True
 
 
+class CheckpointInfoFilter(logging.Filter):
+    """Drops the log records below WARNING that TensorFlow's checkpoint modules log (each save's bookkeeping).
+
+    Args:
+        directory: The directory of TensorFlow's checkpoint modules (its
+            subdirectories too).
+    """
+
+    def __init__(self, directory: str):
+        super().__init__()
+        self.directory = directory
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        return not (record.pathname == self.directory or record.pathname.startswith(self.directory + os.sep))
+
+
+# absl's `logging.info` logs to the `absl` logger; TensorFlow's `tf_logging` to the `tensorflow` logger.
+_TENSORFLOW_LOGGERS = ("absl", "tensorflow")
+
+
+def quiet_python_save_info() -> None:
+    """Puts `CheckpointInfoFilter` on the loggers TensorFlow's checkpoint modules log to, once per process."""
+    directory = os.path.dirname(inspect.getfile(tf.train.Checkpoint))
+    for name in _TENSORFLOW_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, CheckpointInfoFilter) for existing in logger.filters):
+            logger.addFilter(CheckpointInfoFilter(directory))
+
+
 @contextlib.contextmanager
 def without_save_info() -> Iterator[None]:
-    """Within the block, stderr lines naming the symbolic-checkpoint save at INFO level are dropped."""
+    """TensorFlow's INFO lines of a save kept out of the log: its Python records from now on, its C++ line in the block."""
+    quiet_python_save_info()  # also for the lines an asynchronous save logs from its thread, after the block
     if not _info_shown():
         yield
         return

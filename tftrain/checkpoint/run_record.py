@@ -51,6 +51,7 @@ __all__ = [
     "HPARAMS_PREFIX",
     "OPTIMIZERS_PREFIX",
     "RECORD_KEY",
+    "TRAINER_FLAGS_PREFIX",
     "Change",
     "Comparison",
     "RunRecord",
@@ -76,6 +77,10 @@ HPARAMS_PREFIX = "hparams."
 COMMAND_LINE = "command_line"
 """The user's value (`hparams["command_line"]`, e.g. from `tftrain.flags.program_hparams`) recorded, never compared:
 a rerun's command line differs in form (a flag's order, a flagfile's path), and each flag that changed is its own change."""
+
+TRAINER_FLAGS_PREFIX = "trainer."
+"""Where a program's flags for the Trainer's own options are among the user's values (`tftrain.flags.program_hparams`):
+`hparams.trainer.<option>`, each as the Trainer takes it (`steps_per_loop` 8, `jit_compile` False)."""
 
 OPTIMIZERS_PREFIX = "optimizers."
 """Where a Trainer's other optimizers are (a GAN's discriminator's): `optimizers.<attribute>`, as the model's is `optimizer`."""
@@ -468,12 +473,15 @@ def compare(
     """
     if not saved:
         return Comparison()
+    saved = _with_todays_names(saved, now)
     taken, refused = [], []
     names = tuple(now.get(_LAYER_NAMES) or ())
     for key in sorted(set(saved) | set(now)):
         before, after = saved.get(key), now.get(key)
         if before == after or key in _NOT_COMPARED or (_is_variables(key) and None in (before, after)):
             continue
+        if _is_recorded_option(key, now):
+            continue  # the record's own field for the option is compared
         if key.startswith(_COMPARED_WHERE_SAVED) and key not in saved:
             continue  # a record from before this field was kept
         if key in ("model.layers", _LAYER_CONFIGS):
@@ -491,6 +499,29 @@ def compare(
     if convertible and mid_epoch:
         taken, refused = _batch_size_converted(taken, refused)
     return Comparison(*_consequences_dropped(taken, refused))
+
+
+def _is_recorded_option(key: str, record: Mapping[str, Any]) -> bool:
+    """Whether `key` is a program's flag for a Trainer option (`hparams.trainer.<option>`) that the record holds itself."""
+    flagged = HPARAMS_PREFIX + TRAINER_FLAGS_PREFIX
+    return key.startswith(flagged) and key[len(flagged) :] in record
+
+
+def _with_todays_names(saved: Mapping[str, Any], now: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record that kept a program's flags for the Trainer's options as `hparams.<option>` (each as its flag's text,
+    `steps_per_loop` "8"), with each under today's name (`hparams.trainer.<option>`) where the call records it there,
+    and the call's value where its text is the flag's."""
+    flagged = HPARAMS_PREFIX + TRAINER_FLAGS_PREFIX
+    renamed = dict(saved)
+    for key, value in saved.items():
+        name = key[len(HPARAMS_PREFIX) :]
+        today = flagged + name
+        if not key.startswith(HPARAMS_PREFIX) or today not in now or today in saved or key in now:
+            continue
+        del renamed[key]
+        same_text = isinstance(value, str) and not isinstance(now[today], str) and value.lower() == str(now[today]).lower()
+        renamed[today] = now[today] if same_text else value
+    return renamed
 
 
 def _is_optimizer_class(key: str) -> bool:

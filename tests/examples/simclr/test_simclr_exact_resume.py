@@ -6,7 +6,8 @@ every 2 steps): one uninterrupted, one with the same seed killed after step 5
 (its last checkpoint is step 4, mid-epoch) then rerun. Every variable of their
 checkpoints at step 4 and at the end (weights, batch-norm statistics, optimizer
 slots, metric states) and the final metrics must be bit-identical. The logs,
-TensorFlow's C++ warnings included, are checked for warnings a user cannot act on.
+TensorFlow's C++ warnings included, are checked for warnings a user cannot act on
+and for TensorFlow's INFO lines at the saves.
 """
 
 import json
@@ -20,8 +21,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tftrain
 from tftrain.checkpoint.state import SERVICE_STATES
 
+OWN_FILES = {name for _, _, names in os.walk(os.path.dirname(tftrain.__file__)) for name in names}
 JOB = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "simclr_kill_job.py")
 STEPS = 9
 FLAGS = [  # the default demo's recipe (cpu_demo, on the generated shapes), at tiny size
@@ -129,3 +132,8 @@ def test_the_log_carries_no_warning_a_user_cannot_act_on(runs):
         assert "did not fully read the dataset being cached" not in log
         # TensorFlow's C++ warnings (W...) from the data pipeline and the checkpoints.
         assert not re.findall(r"^W\d{4} .*$", log, flags=re.MULTILINE)
+        # absl's INFO lines (they name their file) are the program's and tftrain's own: none of TensorFlow's
+        # at the saves (e.g. functional_saver.py's "Sharding callback duration").
+        info_files = set(re.findall(r"^I\d{4} [\d:.]+ +\d+ (\w+\.py):\d+\]", log, flags=re.MULTILINE))
+        assert "distribute.py" in info_files  # tftrain's line naming the strategy still shows
+        assert info_files <= OWN_FILES, sorted(info_files - OWN_FILES)

@@ -155,7 +155,7 @@ def test_a_trainer_flag_reaches_the_trainer_the_program_builds(tmp_path, monkeyp
     assert re.search(r"\n  steps_per_loop +=.*\(command line\)", capsys.readouterr().out)
     # The program's flags and command line are in the run record (and TensorBoard's HParams tab).
     assert isinstance(trainer.run_options.hparams["temperature"], float)
-    assert trainer.run_options.hparams["steps_per_loop"] == "2"
+    assert trainer.run_options.hparams["trainer.steps_per_loop"] == 2
     with open(tmp_path / "run_record.json") as file:
         record = json.load(file)["record"]
     assert record["hparams.train_steps"] == 4 and "hparams.command_line" in record
