@@ -206,8 +206,8 @@ def test_run_record_logger_hands_a_trainers_run_record_to_log_params(tmp_path, t
     trainer.fit(*tiny_data, batch_size=25, epochs=1, verbose=0, callbacks=[logger])
     assert len(logged) == 1 and logged[0] == logger.params
     params = logged[0]
-    assert params["hparams.width"] == 8 and params["steps_per_loop"] == 2 and params["data.global_batch_size"] == 25
-    assert params["optimizer"] == "keras.optimizers.Adam" and params["optimizer.learning_rate"] == 0.01
+    assert params["width"] == 8 and params["trainer.steps_per_loop"] == 2 and params["data.global_batch_size"] == 25
+    assert params["optimizer.class"] == "keras.optimizers.Adam" and params["optimizer.learning_rate"] == 0.01
     assert "model.layers" not in params and all(isinstance(v, bool | int | float | str) for v in params.values())
 
 

@@ -144,7 +144,7 @@ def test_run_record_logger_gives_mlflow_the_run_record_as_parameters(mlflow, tmp
     params = mlflow.MlflowClient().get_run(run.info.run_id).data.params
     record = hparams_of(run_record.read_file(model_dir))
     assert {key: params[key] for key in record} == {key: str(value) for key, value in record.items()}
-    assert params["hparams.width"] == "8" and params["optimizer.learning_rate"] == "0.01"
+    assert params["width"] == "8" and params["optimizer.learning_rate"] == "0.01"
     assert params["optimizer_learning_rate"].startswith("0.0099")  # MLflow's callback's own, beside the record
 
 
@@ -247,4 +247,4 @@ def test_run_record_logger_gives_wandb_the_run_record_as_configuration(wandb, tm
     _finish(run)
     config = _wandb_run(run)["config"]
     assert config == {"seed": 0, **hparams_of(run_record.read_file(model_dir))}
-    assert config["hparams.width"] == 8 and config["optimizer.learning_rate"] == pytest.approx(0.01)
+    assert config["width"] == 8 and config["optimizer.learning_rate"] == pytest.approx(0.01)

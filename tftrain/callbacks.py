@@ -398,9 +398,10 @@ class RunRecordLogger(keras.callbacks.Callback):
     a `model_dir` writes the record at the start of every `fit`
     (`model_dir/run_record.json`); this callback reads it at `on_train_begin`
     and passes it to `log_params` as TensorBoard's HParams tab shows it
-    (`tftrain.services.hparams.hparams_of`: plain values by the record's
-    names, lists as JSON text, the model's and optimizer's structure and the
-    values that are None left out).
+    (`tftrain.services.hparams.hparams_of`: each value once, yours by their
+    names, the Trainer's options as `trainer.<option>`, the rest by group,
+    e.g. `optimizer.learning_rate`; lists as JSON text, the model's and
+    optimizer's structure and the values that are None left out).
 
     Example:
         ```python
