@@ -196,3 +196,26 @@ def test_timing_counts_a_second_fit_of_the_same_trainer_as_under_model_fit(engin
     assert keras_steps == trainer_steps == 12
     if engine.get("use_tf_function", True):
         assert trainer_traces >= 1  # the rebuilt step traced in this fit
+
+
+def test_run_record_logger_hands_a_trainers_run_record_to_log_params(tmp_path, tiny_data):
+    logged = []
+    model_dir = str(tmp_path / "run")
+    trainer = tftrain.Trainer(make_model(), model_dir=model_dir, hparams={"width": 8}, steps_per_loop=2)
+    logger = callbacks_lib.RunRecordLogger(logged.append, model_dir)
+    trainer.fit(*tiny_data, batch_size=25, epochs=1, verbose=0, callbacks=[logger])
+    assert len(logged) == 1 and logged[0] == logger.params
+    params = logged[0]
+    assert params["width"] == 8 and params["trainer.steps_per_loop"] == 2 and params["data.global_batch_size"] == 25
+    assert params["optimizer.class"] == "keras.optimizers.Adam" and params["optimizer.learning_rate"] == 0.01
+    assert "model.layers" not in params and all(isinstance(v, bool | int | float | str) for v in params.values())
+
+
+def test_run_record_logger_says_when_there_is_no_record_and_refuses_a_non_callable(tmp_path, tiny_data):
+    logged = []
+    model = make_model()
+    with pytest.warns(UserWarning, match=r"no run record to log: .*run_record.json is missing.*`model.fit` writes none"):
+        model.fit(*tiny_data, epochs=1, verbose=0, callbacks=[callbacks_lib.RunRecordLogger(logged.append, str(tmp_path))])
+    assert logged == []
+    with pytest.raises(TypeError, match=r"Invalid value for argument `log_params`\. Received: log_params='mlflow'"):
+        callbacks_lib.RunRecordLogger("mlflow", str(tmp_path))

@@ -7,6 +7,8 @@
 `Timing`, `TensorBoardSummaries` and `CheckpointAndResume`, so a
 `tftrain.CustomModel` trained with `model.fit` gets the same timing report,
 the same TensorBoard event files and checkpoints in the same format.
+`RunRecordLogger` hands a Trainer run's record to an experiment tracker
+(MLflow, Weights & Biases) as the run's parameters.
 
 Example:
     ```python
@@ -17,6 +19,9 @@ Example:
 from __future__ import annotations
 
 import types
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import keras
 import numpy as np
@@ -25,17 +30,26 @@ import tensorflow as tf
 from tftrain import arguments, summaries
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.arguments import check_int
+from tftrain.checkpoint import run_record
 from tftrain.checkpoint.layout import ModelDirLayout
 from tftrain.compat import keras_internals
 from tftrain.engine import calls
 from tftrain.loops import run_setup
 from tftrain.options import EngineOptions
+from tftrain.services.hparams import hparams_of
 from tftrain.services.profiler import ProfilerService
 from tftrain.services.protocol import Service
 from tftrain.services.tensorboard import SummaryService
 from tftrain.timing import StepTimer, TimingReport, TraceCounter
 
-__all__ = ["CheckpointAndResume", "ServicesCallback", "TensorBoardSummaries", "Timing", "standard_callbacks"]
+__all__ = [
+    "CheckpointAndResume",
+    "RunRecordLogger",
+    "ServicesCallback",
+    "TensorBoardSummaries",
+    "Timing",
+    "standard_callbacks",
+]
 
 
 class Timing(keras.callbacks.Callback):
@@ -371,6 +385,76 @@ class CheckpointAndResume(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         keras_internals.set_initial_epoch(self.model, None)
+
+
+class RunRecordLogger(keras.callbacks.Callback):
+    """Hands a Trainer run's record to an experiment tracker as the run's parameters, when training begins.
+
+    MLflow's `mlflow.keras.MlflowCallback` and W&B's `WandbMetricsLogger`
+    record a `Trainer.fit` as they record a `model.fit` (its logs; MLflow also
+    the optimizer's configuration), but neither knows the run record: the
+    optimizer, loss and metrics, the data, the Trainer's options, the target,
+    the versions and your own values (`Trainer(hparams=...)`). A Trainer with
+    a `model_dir` writes the record at the start of every `fit`
+    (`model_dir/run_record.json`); this callback reads it at `on_train_begin`
+    and passes it to `log_params` as TensorBoard's HParams tab shows it
+    (`tftrain.services.hparams.hparams_of`: each value once, yours by their
+    names, the Trainer's options as `trainer.<option>`, the rest by group,
+    e.g. `optimizer.learning_rate`; lists as JSON text, the model's and
+    optimizer's structure and the values that are None left out).
+
+    Example:
+        ```python
+        trainer = tftrain.Trainer(model, model_dir="runs/exp1", hparams={"width": 64})
+        with mlflow.start_run():
+            trainer.fit(x, y, epochs=5, callbacks=[
+                mlflow.keras.MlflowCallback(),
+                tftrain.callbacks.RunRecordLogger(mlflow.log_params, "runs/exp1"),
+            ])
+        ```
+
+    With W&B, after `wandb.init(...)`: `RunRecordLogger(wandb.config.update, "runs/exp1")`.
+
+    Args:
+        log_params: Called once per `fit` with the record, a dict of names to
+            bool, int, float or str values: e.g. `mlflow.log_params` or
+            `wandb.config.update`.
+        model_dir: The Trainer's `model_dir`. Where it holds no record when
+            training begins (`model.fit`, or a Trainer without this
+            `model_dir`), a warning says so and nothing is logged.
+
+    Attributes:
+        params: What the last `fit` logged, or None.
+
+    Raises:
+        TypeError: `log_params` is not callable.
+    """
+
+    def __init__(self, log_params: Callable[[dict[str, Any]], Any], model_dir: str):
+        super().__init__()
+        if not callable(log_params):
+            raise TypeError(
+                f"Invalid value for argument `log_params`. Received: log_params={log_params!r}. "
+                "Expected a function that takes a dict of parameters, e.g. `mlflow.log_params` or "
+                "`wandb.config.update`."
+            )
+        self.log_params = log_params
+        self.model_dir = arguments.check_path_not_empty(model_dir, "model_dir")
+        self.params: Mapping[str, Any] | None = None
+
+    def on_train_begin(self, logs=None):
+        record = run_record.read_file(self.model_dir)
+        if record is None:
+            warnings.warn(
+                f"tftrain: no run record to log: {ModelDirLayout(self.model_dir).run_record} is missing or "
+                "unreadable. A `tftrain.Trainer` with this `model_dir` writes it at the start of every `fit`; "
+                "`model.fit` writes none.",
+                stacklevel=2,
+            )
+            self.params = None
+            return
+        self.params = hparams_of(record)
+        self.log_params(dict(self.params))
 
 
 def standard_callbacks(

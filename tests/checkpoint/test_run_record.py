@@ -156,6 +156,17 @@ def test_the_readable_copy_keeps_every_change_taken(tmp_path):
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 
 
+
+def test_the_readable_copy_reads_back_as_the_record_and_a_missing_or_damaged_one_as_none(tmp_path):
+    record = _record(keras.optimizers.SGD(0.1))
+    assert run_record.read_file(str(tmp_path)) is None
+    run_record.write_file(str(tmp_path), record, run_record.Comparison(), 0)
+    assert run_record.read_file(str(tmp_path)) == json.loads(json.dumps(record))
+    (tmp_path / "run_record.json").write_text('["not a record"]')
+    assert run_record.read_file(str(tmp_path)) is None
+    (tmp_path / "run_record.json").write_text('{"record": ')
+    assert run_record.read_file(str(tmp_path)) is None
+
 def test_the_refusal_is_a_run_changed_error():
     assert issubclass(RunChangedError, IncompatibleCheckpointError)
 

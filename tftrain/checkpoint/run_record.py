@@ -63,6 +63,7 @@ __all__ = [
     "learning_rates",
     "log_taken",
     "optimizers_of",
+    "read_file",
     "refusal",
     "write_file",
 ]
@@ -737,3 +738,27 @@ def write_file(directory: str, record: Mapping[str, Any], comparison: Comparison
         json.dump({"record": dict(record), "changes": changes}, file, indent=1, sort_keys=True)
     tf.io.gfile.rename(temporary, path, overwrite=True)
     return path
+
+
+def read_file(directory: str) -> dict[str, Any] | None:
+    """The record of a model directory's readable copy (`model_dir/run_record.json`), as `write_file` wrote it.
+
+    A Trainer with a `model_dir` writes it at the start of every `fit`, before
+    the callbacks' `on_train_begin`.
+
+    Args:
+        directory: The model directory.
+
+    Returns:
+        The record (without its changes), or None where the file is missing or
+        cannot be read as a record.
+    """
+    path = ModelDirLayout(directory).run_record
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        with tf.io.gfile.GFile(path) as file:
+            record = json.load(file).get("record")
+    except (ValueError, AttributeError, tf.errors.OpError):  # not JSON, or not an object
+        return None
+    return dict(record) if isinstance(record, dict) else None
