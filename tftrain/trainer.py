@@ -184,6 +184,8 @@ class Trainer:
             flags (`tftrain.flags.trainer_kwargs` passes them): kept in the
             run record and shown in TensorBoard's HParams tab, beside what
             tftrain records itself (docs/tensorboard.md).
+        slurm_requeue: In a SLURM job, requeue it after a preemption's checkpoint (SIGUSR1 counts too); see
+            `tftrain.options.RunOptions` and docs/distribution.md.
         services: Services of your own (`tftrain.services.Service`), run
             around every `fit`'s steps with the built-in ones (after the NaN
             guard, before the summaries and checkpoints); their state is
@@ -232,6 +234,7 @@ class Trainer:
         ema_decay: float | None = None,
         on_data_change: str = "refuse",
         hparams: Mapping[str, bool | int | float | str | None] | None = None,
+        slurm_requeue: bool = False,
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -251,6 +254,7 @@ class Trainer:
             best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
             resume_from=resume_from, async_checkpoint=async_checkpoint,
             count_flops=count_flops, peak_flops=peak_flops, on_data_change=on_data_change, hparams=hparams,
+            slurm_requeue=slurm_requeue,
             on_nonfinite=on_nonfinite, loss_spike_threshold=loss_spike_threshold,
             max_rollbacks=max_rollbacks, rollback_lr_factor=rollback_lr_factor,
         )  # fmt: skip
