@@ -1,6 +1,6 @@
 """One worker of a two-process MultiWorkerMirroredStrategy job (run by test_trainer_multiworker.py).
 
-Usage:
+Usage (TF_CONFIG=..., or the SLURM variables `srun` sets):
     TF_CONFIG=... python multiworker_job.py OUTPUT_DIR
     TF_CONFIG=... python multiworker_job.py OUTPUT_DIR MODEL_DIR [KILL_AT_STEP | sigterm:STEP]
 
@@ -19,6 +19,7 @@ writes `OUTPUT_DIR/preempted.json` and exits with 4.
 """
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -179,6 +180,7 @@ def train_with_model_dir(output_dir, model_dir, action, strategy):
 
 
 def main():
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # tftrain's log lines: the strategy it built
     output_dir = sys.argv[1]
     strategy = distribute.setup_strategy()
     assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy), strategy
