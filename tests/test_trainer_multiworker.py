@@ -4,8 +4,9 @@ Keras 3's own `model.fit` fails under this strategy (keras-team/keras#20585);
 the Trainer runs a Keras model, a k-step loop, a CustomModel's own step and a
 hand-written step there. Both workers must end with the same weights as one
 device on the same global batches, and log the global (not their own) metrics.
-The kill-and-resume case names its workers by the SLURM variables `srun` sets
-for docs/distribution.md's one-node sbatch script, the others by TF_CONFIG.
+The kill-and-resume and preemption cases name their workers by the SLURM
+variables `srun` sets for docs/distribution.md's one-node sbatch script (the
+preempted chief requeues the job), the others by TF_CONFIG.
 """
 
 import json
@@ -17,7 +18,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import sbatch_scripts, srun_env
+from helpers import sbatch_scripts, srun_env, stand_in_scontrol
 
 JOB = os.path.join(os.path.dirname(__file__), "jobs", "multiworker_job.py")
 CONFIGS = ["keras_model", "steps_per_loop", "custom_model", "hand_written", "outside_optimizer"]
@@ -140,11 +141,17 @@ def test_a_killed_slurm_job_step_resumes_from_the_chiefs_checkpoint(tmp_path_fac
     assert "ckpt-8.index" in os.listdir(model_dir / "checkpoints")  # the chief saved the rest
 
 
-def test_sigterm_to_one_worker_checkpoints_every_worker_at_one_step_and_resumes(tmp_path_factory):
+def test_sigterm_to_one_worker_checkpoints_every_worker_at_one_step_requeues_and_resumes(tmp_path_factory):
+    # Two SLURM tasks with slurm_requeue=True and a stand-in `scontrol` on PATH.
+    _, task_envs = slurm_task_envs()
+    scontrol_dir = tmp_path_factory.mktemp("bin")
+    calls = stand_in_scontrol(scontrol_dir)
+    task_envs = [dict(env, PATH=f"{scontrol_dir}{os.pathsep}{os.environ['PATH']}") for env in task_envs]
     model_dir = tmp_path_factory.mktemp("model_dir")
     # worker-1 (not the chief) gets SIGTERM after step 5; the workers agree to save after the next
     # host call (step 6), so every worker saves at step 7 and stops.
-    dirs, _ = run_workers(tmp_path_factory, model_dir, "sigterm:5", expect_returncode=4)
+    dirs, _ = run_workers(tmp_path_factory, model_dir, "sigterm:5", expect_returncode=4, task_envs=task_envs)
+    assert calls.read_text() == "requeue 4242\n"  # by the chief alone, after the save
     reports = [json.load(open(os.path.join(d, "preempted.json"))) for d in dirs]
     checkpoint = f"{model_dir}/checkpoints/ckpt-7"
     for report in reports:
@@ -156,7 +163,7 @@ def test_sigterm_to_one_worker_checkpoints_every_worker_at_one_step_and_resumes(
     assert os.path.exists(checkpoint + ".index")  # written by the chief
     assert not (model_dir / "workers" / "worker-1").exists()  # the other worker's copy is gone
 
-    dirs, outputs = run_workers(tmp_path_factory, model_dir)
+    dirs, outputs = run_workers(tmp_path_factory, model_dir, task_envs=slurm_task_envs()[1])  # the requeued job
     for output in outputs:
         assert f"resumed from {checkpoint} at step 7 (epoch 2, step 3" in output
     first, second = (np.load(os.path.join(d, "resumed.npz")) for d in dirs)

@@ -12,7 +12,8 @@ reference's) and `OUTPUT_DIR/logs.json` (each configuration's final logs).
 The second form trains the "keras_model" configuration with checkpoints in
 MODEL_DIR every 3 steps; with KILL_AT_STEP the process dies (`os._exit`, no
 cleanup) right after that step, else it writes `OUTPUT_DIR/resumed.npz` (with the
-weights of an uninterrupted two-worker run, `two_workers`). With `sigterm:STEP`
+weights of an uninterrupted two-worker run, `two_workers`); in a SLURM step it
+trains with `slurm_requeue=True`. With `sigterm:STEP`
 the non-chief worker sends itself SIGTERM after that step; each worker catches
 `tftrain.PreemptedError`, trains a second fit to the end (on `MODEL_DIR_again`),
 writes `OUTPUT_DIR/preempted.json` and exits with 4.
@@ -136,6 +137,7 @@ def train_with_model_dir(output_dir, model_dir, action, strategy):
         model_dir=model_dir,
         checkpoint_every_steps=3,
         preemption_signals=("SIGTERM", "SIGUSR1"),
+        slurm_requeue="SLURM_JOB_ID" in os.environ,  # in a SLURM step: the chief requeues after a preemption
     )
     callbacks = []
     if action and action.startswith("sigterm:"):
