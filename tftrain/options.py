@@ -202,15 +202,6 @@ class RunOptions:
         profile_steps: `(start, stop)`: run the TensorFlow profiler over these
             training steps (1-based, both included); the trace goes to
             `model_dir/train` for TensorBoard's profile tab. Needs `model_dir`.
-        terminate_on_nan: Stop with `NonFiniteLossError` at the first step
-            whose loss (a `loss` or `*_loss` log) is NaN or infinite; no
-            checkpoint is written for it. A `fit` call whose `callbacks` hold
-            Keras's `keras.callbacks.TerminateOnNaN` (or a subclass) leaves the
-            policy to that callback, as under `model.fit`: no error here, no
-            host call cut short, and the callback stops training or raises;
-            with `model_dir`, no checkpoint (periodic, epoch end, preemption,
-            best) is written from the first non-finite step of the call on
-            (warned once). False: nothing is checked, and training goes on.
         preemption_signals: With `model_dir`: signals (numbers or names) on
             which `fit` finishes the host call in flight, saves a checkpoint
             at that step and raises `tftrain.PreemptedError`; rerunning
@@ -281,7 +272,6 @@ class RunOptions:
     max_to_keep: int = 5
     summary_every_steps: int | None = None
     profile_steps: tuple[int, int] | None = None
-    terminate_on_nan: bool = True
     preemption_signals: tuple[int, ...] = (signal.SIGTERM,)
     best_checkpoint_monitor: str | None = None
     best_checkpoint_mode: str = "auto"
@@ -306,11 +296,6 @@ class RunOptions:
         check_every_steps(self.checkpoint_every_steps, "checkpoint_every_steps")
         check_every_steps(self.summary_every_steps, "summary_every_steps")
         check_int("max_to_keep", self.max_to_keep)
-        if not isinstance(self.terminate_on_nan, bool):
-            raise TypeError(
-                "Invalid value for argument `terminate_on_nan`. Received: "
-                f"terminate_on_nan={self.terminate_on_nan!r}. Expected True or False."
-            )
         object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
         object.__setattr__(self, "preemption_signals", _check_signals(self.preemption_signals))
         if not isinstance(self.slurm_requeue, bool):
@@ -402,7 +387,15 @@ class NonFinitePolicy:
     callbacks (`with_callbacks`).
 
     Attributes:
-        terminate_on_nan: Test each training step's loss (`RunOptions.terminate_on_nan`).
+        terminate_on_nan: Test each training step's loss: stop with
+            `NonFiniteLossError` at the first step whose loss (a `loss` or
+            `*_loss` log) is NaN or infinite; no checkpoint is written for it. A `fit` call whose `callbacks` hold
+            Keras's `keras.callbacks.TerminateOnNaN` (or a subclass) leaves the
+            policy to that callback, as under `model.fit`: no error here, no
+            host call cut short, and the callback stops training or raises;
+            with `model_dir`, no checkpoint (periodic, epoch end, preemption,
+            best) is written from the first non-finite step of the call on
+            (warned once). False: nothing is checked, and training goes on.
         on_nonfinite: `"stop"`: raise `NonFiniteLossError` at the first
             blow-up (the NaN guard). `"rollback"`: restore the newest good
             state kept in memory and go on past the batches that caused it
@@ -443,6 +436,11 @@ class NonFinitePolicy:
     callbacks_decide: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.terminate_on_nan, bool):
+            raise TypeError(
+                "Invalid value for argument `terminate_on_nan`. Received: "
+                f"terminate_on_nan={self.terminate_on_nan!r}. Expected True or False."
+            )
         if self.on_nonfinite not in ("stop", "rollback"):
             raise ValueError(
                 f"Invalid value for argument `on_nonfinite`. Received: on_nonfinite={self.on_nonfinite!r}. "

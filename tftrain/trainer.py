@@ -31,6 +31,9 @@ from tftrain.options import EngineOptions, NonFinitePolicy, RunOptions, check_en
 from tftrain.services.loss_recovery import keep_every_steps_for
 from tftrain.services.protocol import Service, check_services
 
+# The Trainer's options that neither the engines, the run nor the non-finite policy hold (checked apart).
+_OPTIONS_OF_THEIR_OWN = ("ema_decay", "mixed_precision", "measure_timing")
+
 
 def _option_objects(
     *, use_tf_function: Any, jit_compile: Any, steps_per_loop: Any, **options: Any
@@ -40,18 +43,20 @@ def _option_objects(
     Args:
         use_tf_function, jit_compile, steps_per_loop: The engine's options
             (`jit_compile` resolved to a bool).
-        **options: The fields of `RunOptions` and `NonFinitePolicy`, by name.
+        **options: The fields of `RunOptions` and `NonFinitePolicy`, by name
+            (`_OPTIONS_OF_THEIR_OWN` are dropped).
 
     Raises:
         TypeError, ValueError: what `Trainer(...)` raises for these values.
     """
+    for name in _OPTIONS_OF_THEIR_OWN:
+        options.pop(name)
     engine = EngineOptions(use_tf_function=use_tf_function, jit_compile=jit_compile, steps_per_loop=steps_per_loop)
     run_fields = {field.name for field in dataclasses.fields(RunOptions)}
     run = RunOptions(**{name: value for name, value in options.items() if name in run_fields})
     check_engine_options(run, engine)
     nonfinite_policy = NonFinitePolicy(
         **{name: value for name, value in options.items() if name not in run_fields},
-        terminate_on_nan=run.terminate_on_nan,
         keep_every_steps=keep_every_steps_for(engine),
     )
     nonfinite_policy.check(model_dir=run.model_dir)
@@ -81,11 +86,9 @@ def check_options(**options: Any) -> None:
             f"Invalid arguments {unknown}. Expected options of `tftrain.Trainer`: {sorted(values)}."
         )
     values.update(options)
-    jit_compile = check_jit_compile(values.pop("jit_compile"))
-    ema.check_decay(values.pop("ema_decay"))
-    precision.check_policy(values.pop("mixed_precision"))
-    values.pop("measure_timing")
-    _option_objects(jit_compile=jit_compile is True, **values)
+    ema.check_decay(values["ema_decay"])
+    precision.check_policy(values["mixed_precision"])
+    _option_objects(**{**values, "jit_compile": check_jit_compile(values["jit_compile"]) is True})
 
 
 class Trainer:
@@ -236,6 +239,7 @@ class Trainer:
         hparams: Mapping[str, bool | int | float | str | None] | None = None,
         slurm_requeue: bool = False,
     ):
+        options = {name: value for name, value in locals().items() if name in OPTION_NAMES or name == "hparams"}
         if not isinstance(model, keras.Model):
             raise TypeError(
                 "Invalid value for argument `model`. Received: an object of type "
@@ -246,18 +250,7 @@ class Trainer:
         jit_compile = model_setup.resolve_jit_compile(
             jit_compile, model, self.strategy, use_tf_function=use_tf_function
         )
-        self.options, self.run_options, self.nonfinite_policy = _option_objects(
-            use_tf_function=use_tf_function, jit_compile=jit_compile, steps_per_loop=steps_per_loop,
-            model_dir=model_dir, checkpoint_every_steps=checkpoint_every_steps, max_to_keep=max_to_keep,
-            summary_every_steps=summary_every_steps, profile_steps=profile_steps,
-            terminate_on_nan=terminate_on_nan, preemption_signals=preemption_signals,
-            best_checkpoint_monitor=best_checkpoint_monitor, best_checkpoint_mode=best_checkpoint_mode,
-            resume_from=resume_from, async_checkpoint=async_checkpoint,
-            count_flops=count_flops, peak_flops=peak_flops, on_data_change=on_data_change, hparams=hparams,
-            slurm_requeue=slurm_requeue,
-            on_nonfinite=on_nonfinite, loss_spike_threshold=loss_spike_threshold,
-            max_rollbacks=max_rollbacks, rollback_lr_factor=rollback_lr_factor,
-        )  # fmt: skip
+        self.options, self.run_options, self.nonfinite_policy = _option_objects(**{**options, "jit_compile": jit_compile})
         self.services = check_services(services, reserved=run_setup.BUILT_IN_NAMES)
         self.model, self.model_dir = model, self.run_options.model_dir
         self.measure_timing = bool(measure_timing)
@@ -452,14 +445,7 @@ class Trainer:
             NonFiniteLossError: a loss became NaN or infinite (with
                 `terminate_on_nan`, unless `callbacks` hold `TerminateOnNaN`).
         """
-        arguments = preparation.FitArguments(
-            x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
-            validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
-            class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-            validation_batch_size=validation_batch_size, validation_freq=validation_freq,
-            total_steps=total_steps, validation_every_steps=validation_every_steps,
-        )  # fmt: skip
+        arguments = preparation.FitArguments.named_in(locals())
         call = preparation.fit_call(self, arguments)
         history, self.timing = fit_loop.run_fit(self, call)
         return history
@@ -652,14 +638,7 @@ class Trainer:
                 is put back first.
             TypeError, ValueError: a bad `export` or `verbose`.
         """
-        arguments = preparation.FitArguments(
-            x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
-            validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
-            class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-            validation_batch_size=validation_batch_size, validation_freq=validation_freq,
-            total_steps=total_steps, validation_every_steps=validation_every_steps,
-        )  # fmt: skip
+        arguments = preparation.FitArguments.named_in(locals())
         return dry_run.run_check(self, arguments, export=export, export_to=self.export, verbose=verbose)
 
     def save(self, filepath: str, *, overwrite: bool = True) -> None:

@@ -230,6 +230,8 @@ def test_data_is_cycled_and_a_generator_read_once():
     trainer = linear_trainer()
     three_batches = tf.data.Dataset.from_tensor_slices((X, Y)).batch(24)  # 24, 24, 16
     assert len(trainer.find_learning_rate(three_batches, steps=8).losses) == 8
+    of_unknown_length = three_batches.filter(lambda x, y: True)
+    assert len(trainer.find_learning_rate(of_unknown_length, steps=8).losses) == 8
 
     generator = ((X[i : i + 16], Y[i : i + 16]) for i in range(0, N, 16))
     sweep = trainer.find_learning_rate(generator, steps=8)

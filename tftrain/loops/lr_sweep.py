@@ -268,7 +268,10 @@ def find_learning_rate(
         sandbox.set_aside(owner, services=(sweep,), nonfinite_policy=NonFinitePolicy(terminate_on_nan=False))
         sweep.learning_rate = _learning_rate_variable(owner, sandbox)
         # The data read in order: `steps` batches, cycled where it ends (a generator, read once, is not).
-        budget = {"steps_per_epoch" if inputs.input_kind(x) == "generator" else "total_steps": steps}
+        kind = inputs.input_kind(x)
+        if kind == "dataset" and x.cardinality() == tf.data.UNKNOWN_CARDINALITY:
+            x = x.repeat()  # of unknown length: cycled by tf.data (an empty one still ends)
+        budget = {"steps_per_epoch" if kind == "generator" else "total_steps": steps}
         call = preparation.fit_call(owner, preparation.FitArguments(x, y, batch_size, shuffle=False, verbose=0, **budget))
         sandbox.trace_training_step(call.plan)
         fit_loop.run_fit(owner, call)

@@ -13,7 +13,7 @@ adapts it (`ValidationData`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
@@ -159,6 +159,11 @@ class FitArguments:
     validation_freq: int | list[int] = 1
     total_steps: int | None = None
     validation_every_steps: int | None = None
+
+    @classmethod
+    def named_in(cls, values: Mapping[str, Any]) -> FitArguments:
+        """The arguments among `values` by name (e.g. a `fit`-like method's `locals()`); others are ignored."""
+        return cls(**{field.name: values[field.name] for field in dataclasses.fields(cls) if field.name in values})
 
 
 def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:

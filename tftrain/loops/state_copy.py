@@ -99,8 +99,7 @@ class StateCopy:
             )
 
 
-# What a fit changes besides the variables: the engines' cache, and the model's attributes that fit sets.
-_ENGINE_CACHE = ("runners", "auto_steps", "_past_nonfinite", "_in_step_summaries")
+# What a fit changes besides the variables and the engines' cache: the model's attributes that fit sets.
 _ABSENT = object()
 _MODEL_ATTRIBUTES = ("history", "stop_training", "train_function", "test_function", "predict_function")
 
@@ -136,7 +135,7 @@ class Sandbox:
         # A budget's last epoch may end the data; a side run's checkpoints are not the run's.
         warnings.filterwarnings("ignore", message=".*(ran out of data|cannot be checkpointed)")
         _set_aside(stack, owner.model, _MODEL_ATTRIBUTES)
-        _set_aside(stack, owner.engines, _ENGINE_CACHE, {"runners": {}, "auto_steps": {}})
+        stack.enter_context(owner.engines.fresh_cache())
         return self
 
     def trace_training_step(self, plan: EpochPlan) -> float:

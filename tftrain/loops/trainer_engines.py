@@ -10,7 +10,8 @@ the writer of `tf.summary` calls inside the training step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -75,6 +76,21 @@ class Engines:
         self._past_nonfinite: step_runner.StepRunner | None = None  # built for a fit with `TerminateOnNaN`
         self.auto_steps: dict[str, StepsPerCall] = {}
         self._in_step_summaries: InStepSummaries | None = None
+
+    @contextlib.contextmanager
+    def fresh_cache(self) -> Iterator[None]:
+        """Runs the `with` body on engines built anew (a side run's), then puts the cached ones back.
+
+        The engines, their traces, `steps_per_loop="auto"`'s measurements and
+        the in-step summaries' writer of the Trainer's own calls are kept
+        apart from the body's, as `Trainer.check` and `find_learning_rate` need.
+        """
+        cache = self.runners, self._past_nonfinite, self.auto_steps, self._in_step_summaries
+        self.runners, self._past_nonfinite, self.auto_steps, self._in_step_summaries = {}, None, {}, None
+        try:
+            yield
+        finally:
+            self.runners, self._past_nonfinite, self.auto_steps, self._in_step_summaries = cache
 
     def runner(self, kind: str, nonfinite_policy: NonFinitePolicy | None = None) -> step_runner.StepRunner:
         """The engine of `kind`, built on first use, and again after the model's function of `kind` was reset.
