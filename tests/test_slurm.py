@@ -4,6 +4,7 @@ import os
 import time
 
 import pytest
+import tensorflow as tf
 from helpers import sbatch_scripts, srun_env, stand_in_scontrol
 
 from tftrain import distribute, slurm
@@ -37,6 +38,16 @@ def test_the_several_node_script_splits_each_nodes_gpus_among_its_tasks(step):
         "this is task 5, GPUs 1"
     )
     assert slurm.read_step(use_gpu=False).gpus is None  # the CPU: the same layout, no GPU touched
+
+
+def test_the_layout_is_tensorflows_resolvers_but_in_srun_s_node_order(step):
+    step(srun_env(SEVERAL_NODES, rank=5))
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=4, auto_set_gpu=False)
+    assert slurm.read_step().config["cluster"] == resolver.cluster_spec().as_dict()
+    # srun numbers tasks in node-list order (node9 before node10); the resolver sorts names as strings.
+    step(dict(srun_env(SEVERAL_NODES, rank=0, node_list="node[9-10]"), SLURM_STEP_TASKS_PER_NODE="1(x2)",
+              SLURM_STEP_NUM_TASKS="2"))  # fmt: skip
+    assert slurm.read_step().config["cluster"]["worker"] == ["node9:8888", "node10:8888"]
 
 
 def test_the_one_node_script_keeps_the_gpus_slurm_bound_and_takes_the_port_override(step):

@@ -53,7 +53,8 @@ def setup_strategy(
     The first that applies: `use_tpu`; a TF_CONFIG naming more than one worker
     (MultiWorkerMirroredStrategy); without TF_CONFIG, a SLURM job step with
     more than one task (`srun`: MultiWorkerMirroredStrategy over its tasks,
-    laid out by TensorFlow's `SlurmClusterResolver`, task 0 the chief);
+    placed as TensorFlow's `SlurmClusterResolver` places them, task 0 the
+    chief; `tftrain.slurm.read_step`);
     `use_gpu`; `num_cpu_devices`; else the default strategy. Call it at
     program start, before any op runs.
 

@@ -1,10 +1,13 @@
 """SLURM: the cluster of a job step with several tasks, and requeueing a job.
 
-`read_step` reads the variables `srun` sets in each task of a job step and
-lays the tasks out with TensorFlow's own
-`tf.distribute.cluster_resolver.SlurmClusterResolver` (its host-list helpers,
-its order of tasks and ports), returning a TF_CONFIG-like cluster for
-`tftrain.distribute.setup_strategy`. `requeue` runs `scontrol requeue` for the
+`read_step` reads the variables `srun` sets in each task of a job step, with
+the host-list helpers of TensorFlow's own
+`tf.distribute.cluster_resolver.SlurmClusterResolver`, and returns a
+TF_CONFIG-like cluster for `tftrain.distribute.setup_strategy`: a node's tasks
+on consecutive ports, as that resolver places them. The resolver itself is not
+used: it orders nodes as sorted strings (`node10` before `node9`) where `srun`
+numbers tasks in node-list order, fails on a node without `nvidia-smi` or GPUs,
+and cannot leave GPUs that SLURM bound to a task as they are. `requeue` runs `scontrol requeue` for the
 job, bounded by a timeout, and says in one line what happened.
 """
 
@@ -16,8 +19,6 @@ import os
 import subprocess
 import warnings
 from typing import Any
-
-import tensorflow as tf
 
 from tftrain.compat import tf_internals
 
@@ -92,11 +93,11 @@ def step_tasks() -> int:
 
 
 def read_step(*, port: int | None = None, use_gpu: bool = False) -> SlurmStep:
-    """Reads the cluster of the SLURM job step this task runs in, laid out by TensorFlow's `SlurmClusterResolver`.
+    """Reads the cluster of the SLURM job step this task runs in.
 
     The tasks are numbered as `srun` numbers them with its default (block)
-    distribution: the nodes in order, each node's tasks on consecutive ports
-    from `port`. With `use_gpu`, a node's visible GPUs
+    distribution: the nodes in `SLURM_STEP_NODELIST`'s order, each node's
+    tasks on consecutive ports from `port`. With `use_gpu`, a node's visible GPUs
     (`CUDA_VISIBLE_DEVICES`, else `nvidia-smi`) are split
     evenly among its tasks, as TensorFlow's resolver does, unless SLURM bound
     GPUs to each task (`--gpus-per-task`, `SLURM_GPUS_PER_TASK`): then each
@@ -126,25 +127,15 @@ def read_step(*, port: int | None = None, use_gpu: bool = False) -> SlurmStep:
     num_tasks = _positive("SLURM_STEP_NUM_TASKS", environ["SLURM_STEP_NUM_TASKS"], 1)
     rank = _positive("SLURM_PROCID", environ["SLURM_PROCID"], 0)
     first_port = _port(port, environ)
-    try:
-        nodes = expand_hostlist(environ["SLURM_STEP_NODELIST"])
-    except ValueError as error:
-        raise _malformed(
-            "SLURM_STEP_NODELIST", environ, f"a SLURM host list such as 'node[01-04],gpu7' ({error})"
-        ) from None
-    try:
-        counts = expand_tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
-    except ValueError as error:
-        raise _malformed(
-            "SLURM_STEP_TASKS_PER_NODE", environ, f"tasks per node such as '2(x3),1' ({error})"
-        ) from None
-    if len(counts) != len(nodes) or sum(counts) != num_tasks or rank >= num_tasks or not all(counts):
+    nodes = _expanded("SLURM_STEP_NODELIST", expand_hostlist, "a SLURM host list such as 'node[01-04],gpu7'")
+    counts = _expanded("SLURM_STEP_TASKS_PER_NODE", expand_tasks_per_node, "tasks per node such as '2(x3),1'")
+    if len(counts) != len(nodes) or len(set(nodes)) != len(nodes) or sum(counts) != num_tasks or rank >= num_tasks:
         raise ValueError(
             "Invalid SLURM environment: the step's variables disagree. Received: "
             f"SLURM_STEP_NODELIST={environ['SLURM_STEP_NODELIST']!r} ({len(nodes)} nodes), "
             f"SLURM_STEP_TASKS_PER_NODE={environ['SLURM_STEP_TASKS_PER_NODE']!r} ({sum(counts)} tasks on "
             f"{len(counts)} nodes), SLURM_STEP_NUM_TASKS={num_tasks}, SLURM_PROCID={rank}. Expected a count of "
-            "tasks for each node, summing to SLURM_STEP_NUM_TASKS, and SLURM_PROCID below it."
+            "tasks for each distinct node, summing to SLURM_STEP_NUM_TASKS, and SLURM_PROCID below it."
         )
     most = max(counts)
     visible = _visible() if use_gpu else []
@@ -156,23 +147,12 @@ def read_step(*, port: int | None = None, use_gpu: bool = False) -> SlurmStep:
             f"(CUDA_VISIBLE_DEVICES={','.join(visible)!r}). Expected at least one GPU per task: ask for "
             "`--gpus-per-task`, or as many tasks per node as GPUs (`--ntasks-per-node`)."
         )
-    # TensorFlow's resolver lays the tasks out (sorted nodes, ports from `first_port`). It is given one
-    # "GPU" per task where none is split (the CPU, or GPUs SLURM bound): only its layout is used then.
-    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-        port_base=first_port,
-        gpus_per_node=most * max(per_task, 1),
-        gpus_per_task=max(per_task, 1),
-        tasks_per_node=dict(zip(nodes, counts, strict=True)),
-        jobs={"worker": num_tasks},
-        auto_set_gpu=False,
-    )
-    spec = resolver.cluster_spec().as_dict()
-    gpus = None
-    if per_task:
-        local = int(spec["worker"][rank].rpartition(":")[2]) - first_port  # this task's place on its node
-        gpus = tuple(visible[local * per_task : (local + 1) * per_task])
+    places = [(host, local) for host, count in zip(nodes, counts, strict=True) for local in range(count)]
+    local = places[rank][1]  # this task's place on its node
+    gpus = tuple(visible[local * per_task : (local + 1) * per_task]) if per_task else None
+    workers = [f"{host}:{first_port + local}" for host, local in places]
     return SlurmStep(
-        config={"cluster": spec, "task": {"type": "worker", "index": rank}},
+        config={"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}},
         job_id=environ.get("SLURM_JOB_ID"),
         nodes=tuple(nodes),
         tasks_per_node=tuple(counts),
@@ -202,10 +182,15 @@ def _port(port: int | None, environ: Any) -> int:
     return port  # checked by `setup_strategy`
 
 
-def _malformed(name: str, environ: Any, expected: str) -> ValueError:
-    return ValueError(
-        f"Invalid SLURM environment variable `{name}`. Received: {name}={environ[name]!r}. Expected {expected}."
-    )
+def _expanded(name: str, expand: Any, expected: str) -> list[Any]:
+    """A SLURM list variable expanded by TensorFlow's helper; a ValueError naming the variable where malformed."""
+    text = os.environ[name]
+    try:
+        return expand(text)
+    except ValueError as error:
+        raise ValueError(
+            f"Invalid SLURM environment variable `{name}`. Received: {name}={text!r}. Expected {expected} ({error})."
+        ) from None
 
 
 def _visible() -> list[str]:
