@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -152,9 +153,9 @@ TWO_CPU_MIRRORED_SETUP = textwrap.dedent(
 )
 
 
-def start_job(*command: str) -> subprocess.Popen:
-    """Starts a job script in a process of its own (quiet TensorFlow, fixed hash seed); see `finish_job`."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
+def start_job(*command: str, env: dict | None = None) -> subprocess.Popen:
+    """Starts a job script in a process of its own (quiet TensorFlow, fixed hash seed, `env` added); see `finish_job`."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0", **(env or {}))
     return subprocess.Popen(
         [sys.executable, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -256,3 +257,59 @@ def fail_after_writing(monkeypatch, error=None):
         raise error or tf.errors.ResourceExhaustedError(None, None, NO_SPACE)
 
     monkeypatch.setattr(io_ops, "save_v2", save_v2)
+
+
+DISTRIBUTION_DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "distribution.md")
+
+
+def sbatch_scripts() -> list[dict]:
+    """docs/distribution.md's `sbatch` scripts, in order: each `{"options": {name: value}, "srun": [words]}`."""
+    with open(DISTRIBUTION_DOC) as file:
+        blocks = re.findall(r"```bash\n(#!/bin/bash\n.*?)```", file.read(), flags=re.DOTALL)
+    scripts = []
+    for block in blocks:
+        options = {
+            name: value
+            for name, _, value in (
+                line[len("#SBATCH --") :].partition("=") for line in block.splitlines() if line.startswith("#SBATCH --")
+            )
+        }
+        srun = next(line.split() for line in block.splitlines() if line.startswith("srun "))
+        scripts.append({"options": options, "srun": srun})
+    return scripts
+
+
+def srun_env(script: dict, rank: int, job_id: str = "4242", node_list: str | None = None, gpus: bool = False) -> dict:
+    """The SLURM variables `srun` sets in task `rank` of an `sbatch_scripts()` script's step (its nodes `node_list`).
+
+    With `gpus`, also what SLURM sets for the script's GPUs: `--gpus-per-task` binds each task its own
+    (renumbered from 0), `--gres=gpu:N` shows every task of a node the node's N.
+    """
+    nodes, per_node = int(script["options"]["nodes"]), int(script["options"]["ntasks-per-node"])
+    options, gpu_env = script["options"], {}
+    if gpus and "gpus-per-task" in options:
+        count = int(options["gpus-per-task"])
+        gpu_env = {"SLURM_GPUS_PER_TASK": str(count), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(count)))}
+    elif gpus and "gres" in options:
+        gpu_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(int(options["gres"].split(":")[-1]))))}
+    return {
+        **gpu_env,
+        "SLURM_JOB_ID": job_id,
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank % per_node),
+        "SLURM_NTASKS": str(nodes * per_node),
+        "SLURM_STEP_NUM_TASKS": str(nodes * per_node),
+        "SLURM_STEP_NODELIST": node_list or ("localhost" if nodes == 1 else f"node[01-{nodes:02d}]"),
+        "SLURM_STEP_TASKS_PER_NODE": str(per_node) if nodes == 1 else f"{per_node}(x{nodes})",
+    }
+
+
+def stand_in_scontrol(directory, body: str = "exit 0"):
+    """Writes an `scontrol` into `directory` that records its arguments to `directory/calls`, then runs `body`.
+
+    Returns the path of `calls`; put `directory` first on PATH.
+    """
+    path = directory / "scontrol"
+    path.write_text(f'#!/bin/sh\necho "$@" >> "{directory}/calls"\n{body}\n')
+    path.chmod(0o755)
+    return directory / "calls"

@@ -2,6 +2,7 @@
 
 import csv
 import re
+import signal
 import warnings
 
 import keras
@@ -552,6 +553,8 @@ def test_a_subclass_state_is_tracked_at_assignment_or_declared():
         (dict(best_checkpoint_mode="min", model_dir="DIR"), "best_checkpoint_mode='min' with best_checkpoint_monitor=None", "a `best_checkpoint_monitor`"),
         (dict(checkpoint_every_steps=5), "checkpoint_every_steps=5 with model_dir=None", "a `model_dir`"),
         (dict(resume_from="elsewhere"), "resume_from='elsewhere' with model_dir=None", "a `model_dir`"),
+        (dict(slurm_requeue=True), "slurm_requeue=True with model_dir=None", "a `model_dir`"),
+        (dict(slurm_requeue=True, preemption_signals=(), model_dir="DIR"), "slurm_requeue=True with preemption_signals=()", "preemption signals"),
     ],
 )
 def test_an_option_that_cannot_act_with_the_others_is_refused_when_the_trainer_is_made(
@@ -571,6 +574,8 @@ def test_the_options_that_act_together_are_taken(tmp_path):
         rollback_lr_factor=0.5, max_to_keep=2, preemption_signals=("SIGUSR1",),
         best_checkpoint_monitor="loss", best_checkpoint_mode="min", count_flops=True, peak_flops=1e12,
     )  # fmt: skip
+    requeued = Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path / "slurm"), slurm_requeue=True)
+    assert requeued.run_options.preemption_signals == (signal.SIGTERM, signal.SIGUSR1)  # SLURM's time-limit signal
 
 
 def test_check_options_raises_what_the_trainer_raises_without_a_model():

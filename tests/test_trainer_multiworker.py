@@ -4,6 +4,9 @@ Keras 3's own `model.fit` fails under this strategy (keras-team/keras#20585);
 the Trainer runs a Keras model, a k-step loop, a CustomModel's own step and a
 hand-written step there. Both workers must end with the same weights as one
 device on the same global batches, and log the global (not their own) metrics.
+The kill-and-resume and preemption cases name their workers by the SLURM
+variables `srun` sets for docs/distribution.md's one-node sbatch script (the
+preempted chief requeues the job), the others by TF_CONFIG.
 """
 
 import json
@@ -15,6 +18,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import sbatch_scripts, srun_env, stand_in_scontrol
 
 JOB = os.path.join(os.path.dirname(__file__), "jobs", "multiworker_job.py")
 CONFIGS = ["keras_model", "steps_per_loop", "custom_model", "hand_written", "outside_optimizer"]
@@ -32,15 +36,34 @@ def free_ports(count):
             sock.close()
 
 
-def run_workers(tmp_path_factory, *args, expect_returncode=0):
-    """Runs the job on two workers (free localhost ports); returns their output dirs and outputs."""
+def free_port_pair():
+    """A free localhost port whose next one is free too (SLURM's layout: a node's tasks on consecutive ports)."""
+    for _ in range(50):
+        port = free_ports(1)[0]
+        with socket.socket() as first, socket.socket() as second:
+            try:
+                first.bind(("localhost", port))
+                second.bind(("localhost", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def run_workers(tmp_path_factory, *args, expect_returncode=0, task_envs=None):
+    """Runs the job on two workers (free localhost ports); returns their output dirs and outputs.
+
+    `task_envs`: each worker's environment instead of a TF_CONFIG (e.g. the variables `srun` sets).
+    """
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
     dirs, processes, outputs = [], [], []
     try:
         for index in range(2):
             output = tmp_path_factory.mktemp(f"worker{index}")
             tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
+            task_env = task_envs[index] if task_envs else {"TF_CONFIG": tf_config}
+            env = {name: value for name, value in os.environ.items() if name != "TF_CONFIG" and "SLURM_" not in name}
+            env.update(task_env, TF_CPP_MIN_LOG_LEVEL="3")
             processes.append(
                 subprocess.Popen(
                     [sys.executable, JOB, str(output), *map(str, args)],
@@ -85,16 +108,29 @@ def test_workers_log_global_values(worker_dirs):
             assert value == pytest.approx(first[config + "_reference"][key], rel=1e-5), (config, key)
 
 
-def test_a_killed_multiworker_job_resumes_from_the_chiefs_checkpoint(tmp_path_factory):
+def slurm_task_envs():
+    """The two tasks of docs/distribution.md's one-node sbatch script on localhost, as `srun` starts them."""
+    port = str(free_port_pair())
+    return port, [dict(srun_env(sbatch_scripts()[0], rank), TFTRAIN_SLURM_PORT=port) for rank in range(2)]
+
+
+def test_a_killed_slurm_job_step_resumes_from_the_chiefs_checkpoint(tmp_path_factory):
+    # The workers are the two SLURM tasks of the documented script (no TF_CONFIG): task 0 is the chief.
+    port, task_envs = slurm_task_envs()
     model_dir = tmp_path_factory.mktemp("model_dir")
     # Checkpoints at steps 3, 4 (epoch end) and 6; both workers die after step 7.
-    run_workers(tmp_path_factory, model_dir, 7, expect_returncode=3)
+    _, outputs = run_workers(tmp_path_factory, model_dir, 7, expect_returncode=3, task_envs=task_envs)
+    for rank, output in enumerate(outputs):
+        assert (
+            f"SLURM job 4242 step: 2 tasks on nodes localhost (2 per node), ports from {port}; this is task {rank}"
+            in output
+        )
     checkpoints = sorted(os.listdir(model_dir / "checkpoints"))
     assert "ckpt-6.index" in checkpoints  # written by the chief only (numbered by step)
     assert os.listdir(model_dir / "train")  # the chief's event files
     assert not (model_dir / "workers" / "worker-0").exists()
 
-    dirs, outputs = run_workers(tmp_path_factory, model_dir)
+    dirs, outputs = run_workers(tmp_path_factory, model_dir, task_envs=slurm_task_envs()[1])
     for output in outputs:
         assert f"resumed from {model_dir}/checkpoints/ckpt-6 at step 6 (epoch 2, step 2" in output
     first, second = (np.load(os.path.join(d, "resumed.npz")) for d in dirs)
@@ -105,11 +141,17 @@ def test_a_killed_multiworker_job_resumes_from_the_chiefs_checkpoint(tmp_path_fa
     assert "ckpt-8.index" in os.listdir(model_dir / "checkpoints")  # the chief saved the rest
 
 
-def test_sigterm_to_one_worker_checkpoints_every_worker_at_one_step_and_resumes(tmp_path_factory):
+def test_sigterm_to_one_worker_checkpoints_every_worker_at_one_step_requeues_and_resumes(tmp_path_factory):
+    # Two SLURM tasks with slurm_requeue=True and a stand-in `scontrol` on PATH.
+    _, task_envs = slurm_task_envs()
+    scontrol_dir = tmp_path_factory.mktemp("bin")
+    calls = stand_in_scontrol(scontrol_dir)
+    task_envs = [dict(env, PATH=f"{scontrol_dir}{os.pathsep}{os.environ['PATH']}") for env in task_envs]
     model_dir = tmp_path_factory.mktemp("model_dir")
     # worker-1 (not the chief) gets SIGTERM after step 5; the workers agree to save after the next
     # host call (step 6), so every worker saves at step 7 and stops.
-    dirs, _ = run_workers(tmp_path_factory, model_dir, "sigterm:5", expect_returncode=4)
+    dirs, _ = run_workers(tmp_path_factory, model_dir, "sigterm:5", expect_returncode=4, task_envs=task_envs)
+    assert calls.read_text() == "requeue 4242\n"  # by the chief alone, after the save
     reports = [json.load(open(os.path.join(d, "preempted.json"))) for d in dirs]
     checkpoint = f"{model_dir}/checkpoints/ckpt-7"
     for report in reports:
@@ -121,10 +163,11 @@ def test_sigterm_to_one_worker_checkpoints_every_worker_at_one_step_and_resumes(
     assert os.path.exists(checkpoint + ".index")  # written by the chief
     assert not (model_dir / "workers" / "worker-1").exists()  # the other worker's copy is gone
 
-    dirs, outputs = run_workers(tmp_path_factory, model_dir)
+    dirs, outputs = run_workers(tmp_path_factory, model_dir, task_envs=slurm_task_envs()[1])  # the requeued job
     for output in outputs:
         assert f"resumed from {checkpoint} at step 7 (epoch 2, step 3" in output
     first, second = (np.load(os.path.join(d, "resumed.npz")) for d in dirs)
     assert int(first["steps"]) == int(second["steps"]) == 8
     np.testing.assert_array_equal(first["worker"], second["worker"])
     np.testing.assert_array_equal(first["worker"], first["two_workers"])  # bit for bit
+

@@ -13,7 +13,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from helpers import compile_args, finish_job, make_mlp, start_job
+from helpers import compile_args, finish_job, make_mlp, sbatch_scripts, stand_in_scontrol, start_job
 
 import tftrain
 
@@ -33,8 +33,10 @@ KILLS = {
     "async_mid_epoch": "step:7",
     "async_during_save": "save:3",
     "async_sigterm_mid_epoch": "sigterm:5",
+    # docs/distribution.md's sbatch time-limit signal (USR1@90) after step 5, with slurm_requeue=True.
+    "slurm_requeue": sbatch_scripts()[0]["options"]["signal"].split("@")[0].lower() + ":5",
 }
-PREEMPTED = {"sigterm_mid_epoch", "sigterm_epoch_end", "async_sigterm_mid_epoch"}
+PREEMPTED = {"sigterm_mid_epoch", "sigterm_epoch_end", "async_sigterm_mid_epoch", "slurm_requeue"}
 
 
 def job_args(name):
@@ -42,8 +44,8 @@ def job_args(name):
     return args + (["--async-checkpoint"] if name.startswith("async_") else [])
 
 
-def start_resume_job(model_dir, *args):
-    return start_job(JOB, str(model_dir), *args)
+def start_resume_job(model_dir, *args, env=None):
+    return start_job(JOB, str(model_dir), *args, env=env)
 
 
 def finish(process, expect_killed=False, expect_preempted=False):
@@ -60,7 +62,13 @@ def final_state(model_dir):
 def runs(tmp_path_factory):
     """Runs every job: the uninterrupted one and the killed ones, then the reruns."""
     dirs = {name: tmp_path_factory.mktemp(name) for name in ["uninterrupted", *KILLS]}
-    first = {name: start_resume_job(dirs[name], *job_args(name)) for name in dirs}
+    # The SLURM job: its id, and a stand-in `scontrol` first on PATH; the requeued job runs the same command.
+    scontrol_dir = tmp_path_factory.mktemp("bin")
+    calls = stand_in_scontrol(scontrol_dir)
+    slurm = {"SLURM_JOB_ID": "4242", "PATH": f"{scontrol_dir}{os.pathsep}{os.environ['PATH']}"}
+    env = {name: slurm if name == "slurm_requeue" else None for name in dirs}
+    requeue = {name: ["--slurm-requeue"] if name == "slurm_requeue" else [] for name in dirs}
+    first = {name: start_resume_job(dirs[name], *job_args(name), *requeue[name], env=env[name]) for name in dirs}
     first_stdout = {}
     for name, process in first.items():
         first_stdout[name] = finish(
@@ -68,12 +76,16 @@ def runs(tmp_path_factory):
         )
     after_kill = {name: sorted(os.listdir(dirs[name] / "checkpoints")) for name in KILLS}
     finished_early = {name: os.path.exists(dirs[name] / "final.npz") for name in KILLS}
+    calls_after_kill = calls.read_text() if calls.exists() else ""
     reruns = {
-        name: start_resume_job(dirs[name], *[a for a in job_args(name) if a.startswith("--async")])
+        name: start_resume_job(
+            dirs[name], *[a for a in job_args(name) if a.startswith("--async")], *requeue[name], env=env[name]
+        )
         for name in KILLS
     }
     stdout = {name: finish(process) for name, process in reruns.items()}
     return dict(
+        scontrol_calls=(calls_after_kill, calls.read_text()),
         dirs=dirs,
         after_kill=after_kill,
         finished_early=finished_early,
@@ -119,6 +131,17 @@ def test_sigterm_checkpoints_the_step_reached_and_the_rerun_resumes_bit_identica
     assert "Training stopped on SIGTERM" in runs["first_stdout"][case]
     assert not runs["finished_early"][case]
     assert resumed_at in runs["stdout"][case]
+    assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
+
+
+def test_slurm_time_limit_signal_saves_requeues_and_the_requeued_job_resumes_bit_identical(runs):
+    model_dir = runs["dirs"]["slurm_requeue"]
+    first = runs["first_stdout"]["slurm_requeue"]
+    assert f"PREEMPTED step=5 checkpoint={model_dir}/checkpoints/ckpt-5" in first
+    assert "Training stopped on SIGUSR1" in first
+    # The chief requeued the job once, after the save; the rerun that finished did not.
+    assert runs["scontrol_calls"] == ("requeue 4242\n", "requeue 4242\n")
+    assert "at step 5 (epoch 2, step 1 of the epoch)" in runs["stdout"]["slurm_requeue"]
     assert_same_as_uninterrupted(model_dir, runs["dirs"]["uninterrupted"])
 
 

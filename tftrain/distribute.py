@@ -1,8 +1,8 @@
 """Choose and build the `tf.distribute.Strategy` a program trains with.
 
 `setup_strategy` turns plain options into one strategy: a TPU (`TPUStrategy`),
-the visible GPUs (`MirroredStrategy`), several workers named by TF_CONFIG
-(`MultiWorkerMirroredStrategy`), logical CPUs (to try a distributed program on
+the visible GPUs (`MirroredStrategy`), several workers named by TF_CONFIG or
+by a SLURM job step (`MultiWorkerMirroredStrategy`), logical CPUs (to try a distributed program on
 one machine), or the default strategy. Call it once at program start, before
 any tensor or model exists; it logs what it chose on the `tftrain` logger.
 """
@@ -20,6 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tftrain import slurm
 from tftrain.errors import StrategySetupError
 
 _LOGGER = logging.getLogger("tftrain")
@@ -45,12 +46,17 @@ def setup_strategy(
     num_cpu_devices: int | None = None,
     collective_timeout_s: float | None = 300.0,
     tpu_timeout_s: float = 30.0,
+    slurm_port: int | None = None,
 ) -> tf.distribute.Strategy:
     """Builds the distribution strategy for this program and logs what it chose.
 
     The first that applies: `use_tpu`; a TF_CONFIG naming more than one worker
-    (MultiWorkerMirroredStrategy); `use_gpu`; `num_cpu_devices`; else the
-    default strategy. Call it at program start, before any op runs.
+    (MultiWorkerMirroredStrategy); without TF_CONFIG, a SLURM job step with
+    more than one task (`srun`: MultiWorkerMirroredStrategy over its tasks,
+    placed as TensorFlow's `SlurmClusterResolver` places them, task 0 the
+    chief; `tftrain.slurm.read_step`);
+    `use_gpu`; `num_cpu_devices`; else the default strategy. Call it at
+    program start, before any op runs.
 
     Args:
         use_gpu: Train on the visible GPUs (MirroredStrategy, NCCL all-reduce with
@@ -69,29 +75,49 @@ def setup_strategy(
         tpu_timeout_s: Seconds to wait for the TPU to connect and initialize. The
             address is first checked to answer gRPC, as TensorFlow can block there
             holding the GIL once its runtime is initialized (no timeout fires then).
+        slurm_port: Under SLURM, the port of each node's first task (the
+            node's task k listens on it + k). None: the `TFTRAIN_SLURM_PORT`
+            environment variable, else 8888.
 
     Returns:
         The strategy; create the model and optimizer in its `scope()`.
 
     Raises:
-        ValueError: a bad argument, an impossible combination, or a malformed TF_CONFIG.
+        ValueError: a bad argument, an impossible combination, a malformed
+            TF_CONFIG or SLURM variable, or fewer GPUs than SLURM tasks on a node.
         StrategySetupError: no TPU answered, or the CPU cannot be split because
             TensorFlow's devices are already initialized.
     """
     _check_arguments(use_gpu, use_tpu, tpu, tf_config, num_cpu_devices, collective_timeout_s, tpu_timeout_s)
+    if slurm_port is not None and (isinstance(slurm_port, bool) or not isinstance(slurm_port, int) or not 0 < slurm_port < 65536):
+        raise _invalid("slurm_port", slurm_port, "a port number in 1..65535, or None")
     if use_tpu:
         strategy = tf.distribute.TPUStrategy(_connect_tpu(tpu, tpu_timeout_s))
     else:
         source = "argument `tf_config`" if tf_config is not None else "the TF_CONFIG environment variable"
         text = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
         config = _parse_tf_config(text, source) if text else None
+        step = None
+        if config is None and slurm.step_tasks() > 1:
+            step = slurm.read_step(port=slurm_port, use_gpu=use_gpu)
+            config = step.config
+            if step.gpus:  # this task's share of the node's GPUs, before TensorFlow looks for them
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(step.gpus)
+        elif config is None and os.environ.get("SLURM_NTASKS", "1") != "1" and not slurm.step_tasks():
+            _LOGGER.info(
+                "tftrain: the SLURM job has %s tasks, but this process runs in no `srun` step: one process "
+                "(start the program with `srun` for a worker in each task).", os.environ["SLURM_NTASKS"],
+            )  # fmt: skip
         workers = _num_workers(config["cluster"]) if config else 0
         if workers > 1 and num_cpu_devices is not None:
-            raise _conflict(f"num_cpu_devices={num_cpu_devices!r}", f"a {workers}-worker TF_CONFIG")
+            where = step.describe() if step else f"a {workers}-worker TF_CONFIG"
+            raise _conflict(f"num_cpu_devices={num_cpu_devices!r}", where)
         if config and workers <= 1:
             _LOGGER.info("tftrain: TF_CONFIG names a single worker; it is ignored (one-machine setup).")
         gpus = _visible_gpus() if use_gpu else []
         if workers > 1:
+            if step is not None:
+                _LOGGER.info("tftrain: %s", step.describe())
             strategy = _multi_worker_strategy(config, gpus, collective_timeout_s)
         elif gpus:
             strategy = _gpu_strategy(len(gpus))

@@ -253,6 +253,14 @@ class RunOptions:
             None. They are kept in the run record as `hparams.<name>` (a
             resume that changes one says so) and shown in TensorBoard's
             HParams tab beside the record (`tftrain.services.hparams`).
+        slurm_requeue: With `model_dir`, in a SLURM job: after a preemption's
+            checkpoint, the chief puts the job back in the queue
+            (`scontrol requeue $SLURM_JOB_ID`, `tftrain.slurm.requeue`) once
+            the run's services are closed; `fit` raises
+            `tftrain.PreemptedError` as for any preemption, and the requeued
+            job resumes from that checkpoint. SIGUSR1 (the time-limit warning
+            of `#SBATCH --signal=USR1@90`) joins `preemption_signals`. A
+            failed requeue is warned of in one line (docs/distribution.md).
 
     Raises:
         TypeError, ValueError: a bad value, or an option that needs `model_dir`
@@ -273,6 +281,7 @@ class RunOptions:
     peak_flops: float | None = None
     on_data_change: str = "refuse"
     hparams: Mapping[str, bool | int | float | str | None] | None = None
+    slurm_requeue: bool = False
 
     def __post_init__(self):
         check_peak_flops(self.count_flops, self.peak_flops)
@@ -289,6 +298,19 @@ class RunOptions:
         check_int("max_to_keep", self.max_to_keep)
         object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
         object.__setattr__(self, "preemption_signals", _check_signals(self.preemption_signals))
+        if not isinstance(self.slurm_requeue, bool):
+            raise TypeError(
+                "Invalid value for argument `slurm_requeue`. Received: "
+                f"slurm_requeue={self.slurm_requeue!r}. Expected True or False."
+            )
+        if self.slurm_requeue and not self.preemption_signals:
+            raise ValueError(
+                "Invalid combination of arguments. Received: slurm_requeue=True with preemption_signals=(). "
+                "Expected preemption signals (the default, SIGTERM): the job is requeued after a preemption's "
+                "checkpoint."
+            )
+        if self.slurm_requeue and signal.SIGUSR1 not in self.preemption_signals:  # SLURM's time-limit warning
+            object.__setattr__(self, "preemption_signals", (*self.preemption_signals, int(signal.SIGUSR1)))
         monitor = self.best_checkpoint_monitor
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
             raise ValueError(
@@ -336,7 +358,7 @@ class RunOptions:
                     )
             check_left_at_default(
                 self,
-                ("max_to_keep", "preemption_signals", "on_data_change"),
+                ("slurm_requeue", "max_to_keep", "preemption_signals", "on_data_change"),
                 received="model_dir=None",
                 expected="a `model_dir`",
             )

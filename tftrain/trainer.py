@@ -187,6 +187,8 @@ class Trainer:
             flags (`tftrain.flags.trainer_kwargs` passes them): kept in the
             run record and shown in TensorBoard's HParams tab, beside what
             tftrain records itself (docs/tensorboard.md).
+        slurm_requeue: In a SLURM job, requeue it after a preemption's checkpoint (SIGUSR1 counts too); see
+            `tftrain.options.RunOptions` and docs/distribution.md.
         services: Services of your own (`tftrain.services.Service`), run
             around every `fit`'s steps with the built-in ones (after the NaN
             guard, before the summaries and checkpoints); their state is
@@ -235,6 +237,7 @@ class Trainer:
         ema_decay: float | None = None,
         on_data_change: str = "refuse",
         hparams: Mapping[str, bool | int | float | str | None] | None = None,
+        slurm_requeue: bool = False,
     ):
         options = {name: value for name, value in locals().items() if name in OPTION_NAMES or name == "hparams"}
         if not isinstance(model, keras.Model):

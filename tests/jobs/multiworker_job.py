@@ -1,6 +1,6 @@
 """One worker of a two-process MultiWorkerMirroredStrategy job (run by test_trainer_multiworker.py).
 
-Usage:
+Usage (TF_CONFIG=..., or the SLURM variables `srun` sets):
     TF_CONFIG=... python multiworker_job.py OUTPUT_DIR
     TF_CONFIG=... python multiworker_job.py OUTPUT_DIR MODEL_DIR [KILL_AT_STEP | sigterm:STEP]
 
@@ -12,13 +12,15 @@ reference's) and `OUTPUT_DIR/logs.json` (each configuration's final logs).
 The second form trains the "keras_model" configuration with checkpoints in
 MODEL_DIR every 3 steps; with KILL_AT_STEP the process dies (`os._exit`, no
 cleanup) right after that step, else it writes `OUTPUT_DIR/resumed.npz` (with the
-weights of an uninterrupted two-worker run, `two_workers`). With `sigterm:STEP`
+weights of an uninterrupted two-worker run, `two_workers`); in a SLURM step it
+trains with `slurm_requeue=True`. With `sigterm:STEP`
 the non-chief worker sends itself SIGTERM after that step; each worker catches
 `tftrain.PreemptedError`, trains a second fit to the end (on `MODEL_DIR_again`),
 writes `OUTPUT_DIR/preempted.json` and exits with 4.
 """
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -135,6 +137,7 @@ def train_with_model_dir(output_dir, model_dir, action, strategy):
         model_dir=model_dir,
         checkpoint_every_steps=3,
         preemption_signals=("SIGTERM", "SIGUSR1"),
+        slurm_requeue="SLURM_JOB_ID" in os.environ,  # in a SLURM step: the chief requeues after a preemption
     )
     callbacks = []
     if action and action.startswith("sigterm:"):
@@ -179,6 +182,7 @@ def train_with_model_dir(output_dir, model_dir, action, strategy):
 
 
 def main():
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # tftrain's log lines: the strategy it built
     output_dir = sys.argv[1]
     strategy = distribute.setup_strategy()
     assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy), strategy

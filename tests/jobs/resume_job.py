@@ -9,7 +9,8 @@ epoch's checkpoint), `--kill=save:N` in the middle of the N-th checkpoint write
 `--async-checkpoint`, in the background writer thread).
 `--kill=sigterm:N` sends the process SIGTERM after step N: the Trainer saves a
 checkpoint at the step it reached and raises PreemptedError; the job then exits
-with status 3.
+with status 3. `--kill=usr1:N` sends SIGUSR1 (SLURM's time-limit warning) instead.
+`--slurm-requeue` trains with `slurm_requeue=True` (SIGUSR1 counts, the job is requeued).
 `--async-checkpoint` writes checkpoints in the background (`async_checkpoint=True`).
 `--step-sleep=S` sleeps S seconds after each step (a run slow enough for a
 continuous evaluator to watch).
@@ -45,8 +46,8 @@ class KillAt(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.kind == "step" and int(self.model.optimizer.iterations) >= self.value:
             kill_now()
-        if self.kind == "sigterm" and int(self.model.optimizer.iterations) == self.value:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if self.kind in ("sigterm", "usr1") and int(self.model.optimizer.iterations) == self.value:
+            os.kill(os.getpid(), signal.SIGTERM if self.kind == "sigterm" else signal.SIGUSR1)
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.kind == "epoch" and epoch == self.value:
@@ -97,6 +98,7 @@ def main():
     parser.add_argument("--async-checkpoint", action="store_true")
     parser.add_argument("--arrays", action="store_true")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--slurm-requeue", action="store_true")
     args = parser.parse_args()
 
     tf.config.experimental.enable_op_determinism()
@@ -121,6 +123,7 @@ def main():
         model_dir=args.model_dir,
         checkpoint_every_steps=3,
         async_checkpoint=args.async_checkpoint,
+        slurm_requeue=args.slurm_requeue,
     )
     callbacks = [SleepEachStep(args.step_sleep)] if args.step_sleep else []
     if args.kill:

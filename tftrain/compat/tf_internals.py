@@ -194,6 +194,23 @@ def stop_preemption_handler(handler: Any) -> None:
     _method(handler, "_stop_cluster_wise_termination_watcher_thread", _PREEMPTION)()
 
 
+# ------------------------------------------------------------------ SLURM
+
+_SLURM = "reading a SLURM job step's host list as TensorFlow's SlurmClusterResolver does"
+_SLURM_MODULE = "tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver"
+
+
+def slurm_host_lists() -> tuple[Any, Any, Any]:
+    """TensorFlow's SLURM helpers: `expand_hostlist`, `expand_tasks_per_node` and `get_num_gpus`.
+
+    `tf.distribute.cluster_resolver.SlurmClusterResolver` is public; the
+    helpers it reads SLURM's compressed lists with (`node[01-04]`, `2(x3)`)
+    and counts GPUs with are not exported, so tftrain reads the same
+    variables with the same code.
+    """
+    return tuple(_attribute(_SLURM_MODULE, name, _SLURM) for name in ("expand_hostlist", "expand_tasks_per_node", "get_num_gpus"))
+
+
 # ------------------------------------------------------------------ asynchronous checkpoints
 
 _ASYNC = "asynchronous checkpoint saving"

@@ -12,7 +12,8 @@ after each host call: the NaN guard (or, with `on_nonfinite="rollback"`, the
 loss recovery), the step budget, the call's own and the user's services, the
 profiler, TensorBoard summaries, the best checkpoint, checkpoints, preemption
 (which saves through the checkpoint service), HParams, the writer lock,
-in-step summaries and timing. The run's own state besides (the data position,
+in-step summaries, timing and, with `slurm_requeue`, the SLURM requeue (closed
+last, after the lock is released). The run's own state besides (the data position,
 the run record) is not a service: it is saved with the services' states,
 each part under its name, and loads itself at a resume.
 """
@@ -51,6 +52,7 @@ from tftrain.services.periodic_validation import PeriodicValidation
 from tftrain.services.preemption import PreemptionService
 from tftrain.services.profiler import ProfilerService
 from tftrain.services.protocol import Service
+from tftrain.services.slurm_requeue import SlurmRequeue
 from tftrain.services.step_budget import StepBudget
 from tftrain.services.step_summaries import InStepSummaryService
 from tftrain.services.tensorboard import SummaryService
@@ -63,7 +65,7 @@ BUILT_IN_NAMES = frozenset(
     for service in (
         NonFiniteGuard, LossRecovery, StepBudget, PeriodicValidation, ProfilerService, SummaryService,
         BestCheckpointService, CheckpointService, PreemptionService, MultiWorkerPreemption, WriterLockService,
-        InStepSummaryService, TimingService, HParamsService, DataPosition, run_record.RunRecord,
+        InStepSummaryService, TimingService, HParamsService, DataPosition, run_record.RunRecord, SlurmRequeue,
     )
 )  # fmt: skip
 """The names of the built-in services and of the run's own saved state (a user's service cannot take one: its state is saved by name)."""
@@ -199,6 +201,7 @@ def _services(
     chief = where is not None and where.chief
     optimizer = getattr(owner.model, "optimizer", None)
     writer = summaries.TrainingSummaries(where.path, every_steps=options.summary_every_steps) if chief else None
+    preemption = None
     if policy.rollback and where is not None:  # it keeps states at the run's checkpoint steps too
         every = options.checkpoint_every_steps
         services.append(LossRecovery(policy, optimizer=optimizer, checkpoint_every_steps=every, verbose=call.verbosity,
@@ -230,6 +233,8 @@ def _services(
     if step_summaries is not None:
         services.append(InStepSummaryService(step_summaries))
     services.append(made.timing)
+    if chief and preemption is not None and options.slurm_requeue:  # last: closed after the lock's release
+        services.append(SlurmRequeue(preemption))
     _check_names(services)
     return services
 

@@ -150,11 +150,12 @@ class Sandbox:
     def run_with(self, **changes: Any) -> None:
         """Sets the owner's run options for the side run: `changes`, and nothing that reaches past the side run.
 
-        No profiler window, signal handler, `resume_from` or FLOPs count: put back on exit.
+        No profiler window, signal handler, requeue, `resume_from` or FLOPs count: put back on exit.
         """
         options = self._owner.run_options
         self.set_aside(self._owner, run_options=dataclasses.replace(
-            options, profile_steps=None, preemption_signals=(), resume_from=None, count_flops=False, **changes
+            options, profile_steps=None, preemption_signals=(), slurm_requeue=False, resume_from=None,
+            count_flops=False, **changes,
         ))  # fmt: skip
 
     def round_trip(self) -> tuple[float, float]:

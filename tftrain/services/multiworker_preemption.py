@@ -170,6 +170,11 @@ class MultiWorkerPreemption(Service):
     def _exit(self) -> None:
         self._stopping = True
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the run stopped on a preemption notice, every worker's checkpoint saved."""
+        return self._stopping
+
     def after_call(self, run: RunState, result: Any) -> None:
         # At an epoch's last step the epoch ends first; its checkpoint is the one kept.
         if not run.epoch_ending:

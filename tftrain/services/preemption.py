@@ -89,6 +89,7 @@ class PreemptionService(Service):
     def __init__(self, signals: tuple[int, ...], checkpoints: CheckpointService):
         self.checkpoints = checkpoints
         self.signals = SignalRecorder(signals)
+        self.stopped = False  # the run stopped on a signal, its checkpoint on disk
 
     @property
     def received(self) -> int | None:
@@ -111,6 +112,7 @@ class PreemptionService(Service):
     def _stop(self, run: RunState, saved: bool = False) -> None:
         # The process exits next: the last checkpoint must be on disk.
         path = self.checkpoints.latest if saved else self.checkpoints.save(run, wait=True)
+        self.stopped = True
         raise preempted_error(run, self.received, path, signal.Signals(self.received).name)
 
     def close(self) -> None:
