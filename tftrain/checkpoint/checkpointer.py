@@ -19,7 +19,6 @@ the model, and an older good one is used instead.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import warnings
 from collections.abc import Callable, Mapping
@@ -62,17 +61,8 @@ class ValidatedCheckpoint(NamedTuple):
         return self.reader.get_tensor(key) if self.reader.has_tensor(key) else None
 
 
-def saved_progress(reader: tf.train.CheckpointReader) -> Progress:
-    """A checkpoint's progress, read without restoring anything (a field it lacks reads 0)."""
-    values = {}
-    for field in dataclasses.fields(Progress):
-        key = f"progress/{field.name}{VARIABLE_SUFFIX}"
-        values[field.name] = int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
-    return Progress(**values)
-
-
 # What a checkpoint holds of the run besides the training state, the data and the services' states.
-_RUN_STATE_KEYS = ("progress", "iterator_saved", "save_counter")
+_RUN_STATE_KEYS = (Progress.name, "iterator_saved", "save_counter")
 
 
 def _is_checkpointable_iterator(iterator: Any) -> bool:
@@ -145,17 +135,11 @@ class Checkpointer:
         self.restore_directory = restore_directory or self.directory
         self.writer_check = writer_check
         self._pending: str | None = None  # an asynchronous write not known to be complete
+        self._progress = Progress.variables(global_step)
         with tf.init_scope():
-            self._progress = {
-                field.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=field.name)
-                for field in dataclasses.fields(Progress)
-                if field.name != "global_step" or global_step is None
-            }
             self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
             # The services' states, as JSON (`tftrain.checkpoint.state.SERVICE_STATES`).
             self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="service_states")
-        if global_step is not None:
-            self._progress["global_step"] = global_step
         self._shared_step = global_step
         self._state_fn = state if callable(state) else (lambda: dict(state))
         self._data = tf.Module(name=data_position.KEY)
@@ -170,7 +154,7 @@ class Checkpointer:
     def _new_root(self) -> tf.train.Checkpoint:
         return tf.train.Checkpoint(
             **self._state_fn(),
-            progress=self._progress,
+            **{Progress.name: self._progress},
             iterator_saved=self._iterator_saved,
             service_states=self._service_states,
             **{data_position.KEY: self._data},
@@ -237,7 +221,7 @@ class Checkpointer:
             except Exception as error:  # any read error means this checkpoint is damaged
                 self._damaged(path, error)
                 continue
-            return ValidatedCheckpoint(path, states, saved_progress(reader), reader)
+            return ValidatedCheckpoint(path, states, Progress.read(reader), reader)
         if self._failures:
             listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in self._failures)
             raise CorruptCheckpointError(
@@ -252,7 +236,7 @@ class Checkpointer:
             reader, states = self._validate(path)
         except Exception as error:
             raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        return ValidatedCheckpoint(path, states, saved_progress(reader), reader, own=False)
+        return ValidatedCheckpoint(path, states, Progress.read(reader), reader, own=False)
 
     def restore(self, validated: ValidatedCheckpoint, iterator: Any = None) -> Progress | None:
         """Restores a validated checkpoint (`find`): the model, optimizer, progress, and the iterator first.
@@ -346,7 +330,7 @@ class Checkpointer:
             reader, states = self._validate(path)
         except Exception as error:
             raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        validated = ValidatedCheckpoint(path, states, saved_progress(reader), reader, own=False)
+        validated = ValidatedCheckpoint(path, states, Progress.read(reader), reader, own=False)
         return path, self.restore(validated, iterator)
 
     def _validate(self, path: str) -> tuple[tf.train.CheckpointReader, dict[str, Any]]:
@@ -362,7 +346,7 @@ class Checkpointer:
         # states are read from the reader (`saved_service_states`), not restored.
         state_root = tf.train.Checkpoint(
             **self._state_fn(),
-            progress=self._progress,
+            **{Progress.name: self._progress},
             iterator_saved=self._iterator_saved,
         )
         state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
@@ -386,7 +370,7 @@ class Checkpointer:
                 ) from error
         state_root.read(path).expect_partial().assert_existing_objects_matched()
         self._root.save_counter.assign(state_root.save_counter)
-        progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
+        progress = Progress.load(self._progress)
         self.iterator_restored = restore_iterator
         self.service_states = saved_service_states(reader)
         self.restored_path = path
@@ -423,15 +407,11 @@ class Checkpointer:
             reader, _ = self._validate(path)
         except Exception as error:
             raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        with tf.init_scope():
-            progress = {
-                field.name: tf.Variable(0, dtype=tf.int64, trainable=False)
-                for field in dataclasses.fields(Progress)
-            }
-        state_root = tf.train.Checkpoint(**self._state_fn(), progress=progress)
+        progress = Progress.variables()
+        state_root = tf.train.Checkpoint(**self._state_fn(), **{Progress.name: progress})
         check_compatible(path, reader, state_root, only=tuple(self._state_fn()))
         state_root.read(path).expect_partial().assert_existing_objects_matched()
-        return Progress(**{name: int(variable.numpy()) for name, variable in progress.items()})
+        return Progress.load(progress)
 
     # ------------------------------------------------------------------- save
 
@@ -502,15 +482,7 @@ class Checkpointer:
         # (TensorFlow's next save would wait for it anyway).
         self.sync()
         self._check_directory()
-        for name, variable in self._progress.items():
-            if variable is self._shared_step:
-                if int(variable.numpy()) != progress.global_step:
-                    raise RuntimeError(
-                        f"tftrain internal error: the global step variable holds {int(variable.numpy())} "
-                        f"but the run counted {progress.global_step} steps; nothing was saved."
-                    )
-                continue
-            variable.assign(getattr(progress, name))
+        progress.save_to(self._progress, self._shared_step)
         self._service_states.assign(json.dumps(service_states) if service_states else "")
         for name, value in self._state_fn().items():
             setattr(self._root, name, value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
@@ -40,7 +40,7 @@ _TIMING_KEY = "timing" + VARIABLE_SUFFIX
 
 @dataclasses.dataclass
 class Progress:
-    """Where a training run is.
+    """Where a training run is; it saves and loads itself under `progress/` in a checkpoint.
 
     Attributes:
         epoch: The epoch being trained (epochs completed, at an epoch end).
@@ -51,10 +51,48 @@ class Progress:
             skipping batches where the iterator itself cannot be saved).
     """
 
+    name: ClassVar[str] = "progress"
+    """The progress's name in a checkpoint: each field is the variable `progress/<field>`."""
+
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
     batches_in_pass: int = 0
+
+    @classmethod
+    def key(cls, field: str) -> str:
+        """A field's checkpoint key, e.g. `progress/global_step/.ATTRIBUTES/VARIABLE_VALUE`."""
+        return f"{cls.name}/{field}{VARIABLE_SUFFIX}"
+
+    @classmethod
+    def variables(cls, global_step: tf.Variable | None = None) -> dict[str, tf.Variable]:
+        """New variables to save a progress in, by field; `global_step`: the run's own counter, shared."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "global_step" or global_step is None]
+        with tf.init_scope():
+            made = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name) for name in names}
+        return {**made, "global_step": global_step} if global_step is not None else made
+
+    def save_to(self, variables: Mapping[str, tf.Variable], shared: tf.Variable | None = None) -> None:
+        """Assigns this progress to its variables (`variables`); `shared`, the run's counter, must agree already."""
+        for field, variable in variables.items():
+            if variable is shared and int(variable.numpy()) != self.global_step:
+                raise RuntimeError(
+                    f"tftrain internal error: the global step variable holds {int(variable.numpy())} "
+                    f"but the run counted {self.global_step} steps; nothing was saved."
+                )
+            if variable is not shared:
+                variable.assign(getattr(self, field))
+
+    @classmethod
+    def load(cls, variables: Mapping[str, tf.Variable]) -> Progress:
+        """The progress its variables hold (restored from a checkpoint)."""
+        return cls(**{field: int(variable.numpy()) for field, variable in variables.items()})
+
+    @classmethod
+    def read(cls, reader: tf.train.CheckpointReader) -> Progress:
+        """A checkpoint's progress, read without restoring anything (a field it lacks reads 0)."""
+        keys = {f.name: cls.key(f.name) for f in dataclasses.fields(cls)}
+        return cls(**{field: int(reader.get_tensor(key)) for field, key in keys.items() if reader.has_tensor(key)})
 
 
 def seed_generator_states(model: keras.Model) -> list[keras.Variable]:
