@@ -101,10 +101,25 @@ class FitCall:
     validation_every_steps: int | None
 
 
+def _model_state(model: Any, built: bool) -> tuple[Any, ...]:
+    """What the checks of a model depend on besides the data (its compile and optimizer); `built`: and its variables."""
+    optimizer = getattr(model, "optimizer", None)
+    state = (model.compiled, id(optimizer), id(model.loss), tuple(map(id, model.metrics)))
+    return (*state, getattr(optimizer, "built", None), len(model.variables)) if built else state
+
+
+def _once(owner: StepOwner, what: tuple[Any, ...], check: Callable[[], None], *, build: bool = False) -> None:
+    """Runs `check` (or the build) unless it ran before in this Trainer on the same model and `what` (the data's spec)."""
+    if (what, _model_state(owner.model, build)) not in owner.engines.checked:
+        check()
+        owner.engines.checked.append((what, _model_state(owner.model, build)))
+
+
 def check_step(owner: StepOwner, kind: str) -> None:
     """The model's default steps need a compiled model (and an optimizer, to train)."""
     if owner.uses_model_step(kind):
-        model_setup.check_compiled_for(owner.model, model_setup.MODEL_STEPS[kind], f"{kind}_step")
+        step = model_setup.MODEL_STEPS[kind]
+        _once(owner, (step,), lambda: model_setup.check_compiled_for(owner.model, step, f"{kind}_step"))
 
 
 def plan_of(owner: StepOwner, data: inputs.AdaptedInput) -> EpochPlan:
@@ -122,15 +137,25 @@ def plan_of(owner: StepOwner, data: inputs.AdaptedInput) -> EpochPlan:
 def plan_for(owner: StepOwner, kind: str, data: inputs.AdaptedInput, argument: str) -> EpochPlan:
     """The plan over adapted inputs, checked: batched, targets where the loss needs them, an even global batch."""
     plan = plan_of(owner, data)
-    default = owner.uses_model_step(kind) and model_setup.uses_default_step(owner.model, model_setup.MODEL_STEPS[kind])
-    model_setup.check_data(owner.model, plan.dataset, argument, owner.engines.strategy, default_step=default)
+    model_step = owner.uses_model_step(kind)
+
+    def check() -> None:
+        default = model_step and model_setup.uses_default_step(owner.model, model_setup.MODEL_STEPS[kind])
+        model_setup.check_data(owner.model, plan.dataset, argument, owner.engines.strategy, default_step=default)
+
+    _once(owner, (kind, model_step, argument, plan.dataset.element_spec), check)
     return plan
 
 
 def build(owner: StepOwner, dataset: tf.data.Dataset) -> None:
     """Creates the model's, metrics' and optimizer's variables before the first trace."""
-    default = owner.uses_model_step("train") and model_setup.uses_default_step(owner.model, "train_step")
-    model_setup.build_variables(owner.model, dataset, owner.engines.strategy, default_train_step=default)
+    model_step = owner.uses_model_step("train")
+
+    def build_variables() -> None:
+        default = model_step and model_setup.uses_default_step(owner.model, "train_step")
+        model_setup.build_variables(owner.model, dataset, owner.engines.strategy, default_train_step=default)
+
+    _once(owner, ("build", model_step, dataset.element_spec), build_variables, build=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +199,8 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
     validation_freq = check_validation_freq(validation_freq)
     epochs = inputs.keras_epoch_limit(epochs)
     check_step(owner, "train")
-    fit_checks.check_resume_sources(callbacks, owner.run_options.model_dir)
+    if owner.run_options.model_dir is not None:
+        fit_checks.check_resume_sources(callbacks, owner.run_options.model_dir)
     if check_validation_split(arguments.validation_split) and validation_data is None:
         (x, y, sample_weight), validation_data = inputs.split_validation(
             x, y, sample_weight, arguments.validation_split
@@ -193,8 +219,7 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
     plan = plan_for(owner, "train", train, "x")
     if owner.run_options.model_dir is not None:
         plan.keep_array_position()  # arrays resume at their next unread example, in their pass's order
-    fit_checks.warn_single_pass(
-        plan,
+    plan.warn_single_pass(
         epochs - initial_epoch,
         "x",
         "steps_per_epoch",
@@ -215,8 +240,8 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
                 argument="validation_data", steps_argument="validation_steps",
             )  # fmt: skip
             validation_plan = plan_for(owner, "eval", adapted, "validation_data")
-            fit_checks.warn_single_pass(
-                validation_plan, count, "validation_data", "validation_steps", f"{count} validations"
+            validation_plan.warn_single_pass(
+                count, "validation_data", "validation_steps", f"{count} validations"
             )
             return validation_plan
 

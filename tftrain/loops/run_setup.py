@@ -28,7 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import distribute, summaries, timing
+from tftrain import summaries, timing
 from tftrain.arguments import check_profile_steps
 from tftrain.checkpoint import run_record
 from tftrain.checkpoint.data_position import DataPosition
@@ -78,14 +78,9 @@ class _RunPlace:
     cluster_resolver: Any = None  # multi-worker runs agree on a preemption step through it
 
     @classmethod
-    def of(cls, strategy: tf.distribute.Strategy | None) -> _RunPlace:
-        if strategy is None:
-            return cls()
-        return cls(
-            distribute.worker_role(strategy),
-            distribute.num_workers(strategy) == 1,
-            getattr(strategy, "cluster_resolver", None),
-        )
+    def of(cls, engines: Any) -> _RunPlace:
+        """Where the Trainer's engines run (`Engines.worker`, `Engines.workers`)."""
+        return cls(engines.worker, engines.workers == 1, getattr(engines.strategy, "cluster_resolver", None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +130,7 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
     """
     options, plan = owner.run_options, call.plan
     owner.global_step.assign(0)  # a run without a checkpoint starts at 0, as its Progress does
-    window = check_profile_steps(options.profile_steps, _planned_steps(call))
+    window = check_profile_steps(options.profile_steps, _planned_steps(call)) if options.profile_steps else None
     where = _ModelDir.of(owner) if options.model_dir is not None else None
     data = DataPosition(plan) if where is not None else None
     kept = where is not None and parts.record is not None
@@ -268,7 +263,7 @@ class _ModelDir:
         options = owner.run_options
         path = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
         averaged = owner.averaged_weights if owner.ema_decay is not None else None
-        place = _RunPlace.of(owner.engines.strategy)
+        place = _RunPlace.of(owner.engines)
         return cls(path, options, place, owner.model, owner.checkpoint_state, owner.global_step, averaged)
 
     @property

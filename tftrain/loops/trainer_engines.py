@@ -75,6 +75,11 @@ class Engines:
         self._past_nonfinite: step_runner.StepRunner | None = None  # built for a fit with `TerminateOnNaN`
         self.auto_steps: dict[str, StepsPerCall] = {}
         self._in_step_summaries: InStepSummaries | None = None
+        # What the strategy is, resolved once (as Keras fixes a model's strategy): a fit asks again and again.
+        self.default_strategy = distribute.is_default_strategy(strategy)
+        self.worker, self.workers = distribute.worker_role(strategy), distribute.num_workers(strategy)
+        # What a call checked and built that depends only on what it names (`preparation.checked_once`).
+        self.checked: list[Any] = []
 
     def runner(self, kind: str, nonfinite_policy: NonFinitePolicy | None = None) -> step_runner.StepRunner:
         """The engine of `kind`, built on first use, and again after the model's function of `kind` was reset.
@@ -118,7 +123,7 @@ class Engines:
 
     def plan(self, data: inputs.AdaptedInput) -> EpochPlan:
         """The pass-by-pass plan over adapted inputs: plain iterators, or distributed under a strategy."""
-        if distribute.is_default_strategy(self.strategy):
+        if self.default_strategy:
             return EpochPlan(data, make_iterator=iter)
         return EpochPlan(
             data, make_iterator=lambda dataset: iter(self.strategy.experimental_distribute_dataset(dataset))
@@ -135,11 +140,13 @@ class Engines:
         """
         if not self.options.auto:
             return self.options.fixed_steps
-        if distribute.num_workers(self.strategy) > 1:
+        if self.workers > 1:
             return 1
         if hooks.relies_on_batch_hooks(callback_list, _HOOK_KINDS[kind]):
             return 1
-        return self.auto_steps.setdefault(kind, StepsPerCall("auto"))
+        if kind not in self.auto_steps:
+            self.auto_steps[kind] = StepsPerCall("auto")
+        return self.auto_steps[kind]
 
     def train_engine_name(self, callback_list: keras.callbacks.CallbackList) -> str:
         """The name of the training engine a `fit` with these callbacks ran (`EngineOptions.ran_name`).
@@ -165,8 +172,7 @@ class Engines:
         other than the chief, and under XLA (it cannot compile summary ops on
         CPU and GPU, so the step's summaries are not recorded there).
         """
-        chief, _ = distribute.worker_role(self.strategy)
-        if model_dir is None or not chief or self.options.jit_compile:
+        if model_dir is None or not self.worker[0] or self.options.jit_compile:
             return None
         if self._in_step_summaries is None:
             self._in_step_summaries = InStepSummaries(model_dir, self.global_step, every_steps)

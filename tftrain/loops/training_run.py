@@ -70,6 +70,8 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self._unread: tuple[calls.PendingCall, bool] | None = None  # filed, results not read yet
         # A service acts on each call's results before the next call (`Service.reads_every_call`).
         self.reads_every_call = any(service.reads_every_call for service in self.services)
+        # The services each hook calls: those whose method is not `Service`'s own (which does nothing).
+        self.acting = {hook: _acting(self.services, hook) for hook in _HOOKS}
 
     @property
     def finished(self) -> bool:
@@ -90,7 +92,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
 
     def report_validation(self, logs: dict[str, Any]) -> None:
         """Tells every service of a validation taken at the current step (`Service.validated`)."""
-        for service in self.services:
+        for service in self.acting["validated"]:
             service.validated(self, logs)
 
     def latest_checkpoint(self) -> str | None:
@@ -174,7 +176,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
     def steps_allowed(self, wanted: int) -> int:
         """`wanted`, shortened so that the host call ends at the next service boundary."""
         done = self.progress.global_step
-        for service in self.services:
+        for service in self.acting["next_stop"]:
             stop = service.next_stop(done)
             if stop is not None:
                 wanted = min(wanted, stop - done)
@@ -183,7 +185,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
     def ends_at_boundary(self, steps: int) -> bool:
         """Whether a call of `steps` steps from here ends where a service acts (a save, a summary, ...)."""
         done = self.progress.global_step
-        return any(service.next_stop(done) == done + steps for service in self.services)
+        return any(service.next_stop(done) == done + steps for service in self.acting["next_stop"])
 
     def file_unread(self, call: calls.PendingCall, traced: bool) -> calls.LoopResult:
         """Files a dispatched call before its results are read: its steps count, its check waits for `settle`.
@@ -233,12 +235,12 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         """Files a call's read results: notes a non-finite loss, then runs the services' `results_read`."""
         if result.nonfinite and self.nonfinite_step is None:
             self.nonfinite_step = self.progress.global_step
-        for service in self.services:
+        for service in self.acting["results_read"]:
             service.results_read(self, result)
 
     def before_call(self) -> None:
         """Runs the services' `before_call` (the profiler starts at its window)."""
-        for service in self.services:
+        for service in self.acting["before_call"]:
             service.before_call(self)
 
     def after_call(self, result: calls.LoopResult, *, read: bool = True) -> None:
@@ -256,7 +258,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.steps_kept_in_epoch += result.steps
         if read:
             self._read(result)
-        for service in self.services:
+        for service in self.acting["after_call"]:
             service.after_call(self, result)
 
     @property
@@ -285,7 +287,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
             self.steps_kept_in_epoch = 0
-        for service in self.services:
+        for service in self.acting["end_epoch"]:
             service.end_epoch(self, epoch_logs)
 
     def close(self) -> None:
@@ -293,7 +295,14 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
 
         Every service is closed even if one fails; the first error is raised after.
         """
-        close_all(self.services)
+        close_all(self.acting["close"])
+
+
+_HOOKS = ("next_stop", "before_call", "after_call", "results_read", "end_epoch", "validated", "close")
+
+
+def _acting(services: list[Service], hook: str) -> list[Service]:
+    return [s for s in services if getattr(getattr(s, hook), "__func__", None) is not getattr(Service, hook)]
 
 
 def close_all(services: list[Service]) -> None:
