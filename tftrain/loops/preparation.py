@@ -186,22 +186,33 @@ class FitArguments:
     validation_every_steps: int | None = None
 
 
+def _checked_numbers(arguments: FitArguments) -> tuple[int, int | list[int]]:
+    """`fit`'s number arguments checked; returns `verbose` resolved and `validation_freq` (a list, for epochs)."""
+    check_int("epochs", arguments.epochs, 0)
+    check_int("initial_epoch", arguments.initial_epoch, 0)
+    verbosity, validation_freq = check_verbose(arguments.verbose), check_validation_freq(arguments.validation_freq)
+    has_validation = check_validation_split(arguments.validation_split) > 0 or arguments.validation_data is not None
+    check_int("total_steps", arguments.total_steps, optional=True)
+    check_validation_every_steps(arguments.validation_every_steps, has_validation)
+    return verbosity, validation_freq
+
+
 def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
     """`Trainer.fit`'s arguments checked and adapted into a `FitCall`, its variables built."""
     x, y, sample_weight = arguments.x, arguments.y, arguments.sample_weight
     batch_size, epochs, initial_epoch = arguments.batch_size, arguments.epochs, arguments.initial_epoch
-    validation_data, validation_freq = arguments.validation_data, arguments.validation_freq
-    total_steps, verbose, callbacks = arguments.total_steps, arguments.verbose, arguments.callbacks
-    check_int("epochs", epochs, 0)
-    check_int("initial_epoch", initial_epoch, 0)
-    verbosity = check_verbose(verbose)
+    validation_data, total_steps, callbacks = arguments.validation_data, arguments.total_steps, arguments.callbacks
+    # The numbers as given, checked once per Trainer: an earlier call that passed every check with them resolved them.
+    given = dataclasses.replace(arguments, x=None, y=None, sample_weight=None, callbacks=None,
+                                validation_data=validation_data is None)  # fmt: skip
+    known = [resolved for key, resolved in owner.engines.checked if key == given]
+    verbosity, validation_freq = known[0] if known else _checked_numbers(arguments)
     nonfinite_policy = owner.nonfinite_policy.with_callbacks(hooks.terminates_on_nan(callbacks))
-    validation_freq = check_validation_freq(validation_freq)
     epochs = inputs.keras_epoch_limit(epochs)
     check_step(owner, "train")
     if owner.run_options.model_dir is not None:
         fit_checks.check_resume_sources(callbacks, owner.run_options.model_dir)
-    if check_validation_split(arguments.validation_split) and validation_data is None:
+    if arguments.validation_split and validation_data is None:
         (x, y, sample_weight), validation_data = inputs.split_validation(
             x, y, sample_weight, arguments.validation_split
         )
@@ -213,8 +224,9 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
         steps=arguments.steps_per_epoch,
         shuffle=arguments.shuffle,
         class_weight=arguments.class_weight,
+        checked=bool(known),
     )
-    if check_int("total_steps", total_steps, optional=True) is not None:
+    if total_steps is not None:
         train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
     plan = plan_for(owner, "train", train, "x")
     if owner.run_options.model_dir is not None:
@@ -246,9 +258,9 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
             return validation_plan
 
         validation = ValidationData(open_validation, deferred=inputs.read_to_adapt(val_x))
-    check_validation_every_steps(arguments.validation_every_steps, validation is not None)
     plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
     build(owner, plan.dataset)
+    owner.engines.checked.extend([] if known else [(given, (verbosity, validation_freq))])
     return FitCall(
         plan=plan,
         validation=validation,
@@ -256,7 +268,7 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
         initial_epoch=initial_epoch,
         total_steps=total_steps,
         callbacks=callbacks,
-        verbose=verbose,
+        verbose=arguments.verbose,
         verbosity=verbosity,
         nonfinite_policy=nonfinite_policy,
         validation_freq=validation_freq,

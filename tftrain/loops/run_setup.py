@@ -135,7 +135,9 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
     data = DataPosition(plan) if where is not None else None
     kept = where is not None and parts.record is not None
     record = run_record.RunRecord(parts.record, owner.model, parts.optimizers) if kept else None
-    timing_service = TimingService(parts.timer, parts.trace_counter)
+    counter, traces_before = parts.trace_counter, parts.trace_counter.count
+    # The timing state kept across a resume: a service only where checkpoints keep it.
+    timing_service = TimingService(parts.timer, counter) if where is not None else None
     # The chief is the writer: one per model_dir, held before anything there is touched.
     lock = WriterLock(where.path) if where is not None and where.chief else None
     services: list[Service] = []
@@ -163,7 +165,8 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
         progress or checkpoint_lib.Progress(),
         services,
         checkpointer=checkpointer,
-        timing_service=timing_service,
+        timer=parts.timer,
+        trace_count=timing_service.trace_count if timing_service else lambda: counter.count - traces_before,
         saved_parts=tuple(part for part in (data, record) if part is not None),
         total_steps=call.total_steps,
     )
@@ -173,7 +176,7 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
 class _Made:
     """What the services act on, made before them (where a run has no `model_dir`, what it needs is None)."""
 
-    timing: TimingService
+    timing: TimingService | None
     where: _ModelDir | None
     checkpointer: checkpoint_lib.Checkpointer | None
     data: DataPosition | None
@@ -224,7 +227,7 @@ def _services(
     step_summaries = owner.engines.in_step_summaries(options.model_dir, options.summary_every_steps)
     if step_summaries is not None:
         services.append(InStepSummaryService(step_summaries))
-    services.append(made.timing)
+    services.extend([made.timing] if made.timing is not None else [])
     _check_names(services)
     return services
 

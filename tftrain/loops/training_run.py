@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from tftrain import checkpoint as checkpoint_lib
@@ -20,7 +21,7 @@ from tftrain.checkpoint.memory_snapshot import KeptState, Rollback, StateSnapsho
 from tftrain.engine import calls
 from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.services.protocol import Service, json_ready_state
-from tftrain.services.timing_state import TimingService
+from tftrain.timing import StepTimer
 
 __all__ = ["TrainingRun", "close_all"]
 
@@ -34,7 +35,9 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         services: Called in order after each host call and at each epoch end
             (the NaN guard first, the checkpoint after the summaries).
         checkpointer: The run's checkpoints, or None.
-        timing_service: The service that keeps the timing state and trace count, or None.
+        timer: Times each host call, or None.
+        trace_count: Returns the training step's traces in this run (a resumed
+            run's count, the checkpoint's: `TimingService.trace_count`).
         saved_parts: The run's own state saved with the services' states,
             each under its `name` with its `state_dict()` (the data position,
             the run record); each loads itself at a resume (`tftrain.loops.restore`).
@@ -48,7 +51,8 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         services: list[Service],
         *,
         checkpointer: checkpoint_lib.Checkpointer | None = None,
-        timing_service: TimingService | None = None,
+        timer: StepTimer | None = None,
+        trace_count: Callable[[], int] = lambda: 0,
         saved_parts: tuple[Any, ...] = (),
         total_steps: int | None = None,
     ):
@@ -57,11 +61,11 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.progress = progress
         self.services = list(services)
         self.checkpointer = checkpointer
-        self.timing_service = timing_service
+        self.trace_count = trace_count
         self.saved_parts = saved_parts
         self.resumed = progress.global_step > 0 or progress.epoch > 0
         self.epoch_steps: int | None = None  # steps in the current epoch, if known
-        self.timer = timing_service.timer if timing_service is not None else None
+        self.timer = timer
         self.nonfinite_step: int | None = None  # `RunState.nonfinite_step`: no checkpoint once set
         # `RunState.steps_kept_in_epoch`: a resumed run's checkpoint holds its epoch's steps so far.
         self.steps_kept_in_epoch = progress.step_in_epoch
@@ -77,10 +81,6 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
     def finished(self) -> bool:
         """Whether the run has trained its step budget (never, without one)."""
         return self.total_steps is not None and self.progress.global_step >= self.total_steps
-
-    def trace_count(self) -> int:
-        """Traces of the training step in this run (a resumed run adds the checkpointed count)."""
-        return self.timing_service.trace_count() if self.timing_service is not None else 0
 
     def data_position(self) -> tuple[Any, int]:
         """The iterator the next training step reads from, and the batches read in its pass so far.
