@@ -217,11 +217,9 @@ class Checkpointer:
             if path in failed:
                 continue
             try:
-                reader, states = self._validate(path)
+                return self._validate(path)
             except Exception as error:  # any read error means this checkpoint is damaged
                 self._damaged(path, error)
-                continue
-            return ValidatedCheckpoint(path, states, Progress.read(reader), reader)
         if self._failures:
             listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in self._failures)
             raise CorruptCheckpointError(
@@ -229,14 +227,7 @@ class Checkpointer:
                 "Expected at least one readable checkpoint. Move the directory away (or pass another "
                 "`model_dir`) to train from scratch."
             )
-        if resume_from is None:
-            return None
-        path, _ = open_checkpoint(resume_from, "resume_from")
-        try:
-            reader, states = self._validate(path)
-        except Exception as error:
-            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        return ValidatedCheckpoint(path, states, Progress.read(reader), reader, own=False)
+        return None if resume_from is None else self._chosen(open_checkpoint(resume_from, "resume_from")[0])
 
     def restore(self, validated: ValidatedCheckpoint, iterator: Any = None) -> Progress | None:
         """Restores a validated checkpoint (`find`): the model, optimizer, progress, and the iterator first.
@@ -325,19 +316,21 @@ class Checkpointer:
             IncompatibleCheckpointError: it does not fit the model.
         """
         self.sync()
-        path, _ = open_checkpoint(path, "resume_from")
-        try:
-            reader, states = self._validate(path)
-        except Exception as error:
-            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        validated = ValidatedCheckpoint(path, states, Progress.read(reader), reader, own=False)
-        return path, self.restore(validated, iterator)
+        validated = self._chosen(open_checkpoint(path, "resume_from")[0])
+        return validated.path, self.restore(validated, iterator)
 
-    def _validate(self, path: str) -> tuple[tf.train.CheckpointReader, dict[str, Any]]:
-        """Reads every tensor of a checkpoint and its services' states; raises if it is damaged."""
+    def _validate(self, path: str, *, own: bool = True) -> ValidatedCheckpoint:
+        """Reads every tensor of a checkpoint, its services' states and progress; raises if it is damaged."""
         reader = tf.train.load_checkpoint(path)
         read_all_tensors(reader)
-        return reader, saved_service_states(reader)
+        return ValidatedCheckpoint(path, saved_service_states(reader), Progress.read(reader), reader, own)
+
+    def _chosen(self, path: str) -> ValidatedCheckpoint:
+        """A checkpoint chosen by path, validated: a damaged one is a `CorruptCheckpointError` (no fallback)."""
+        try:
+            return self._validate(path, own=False)
+        except Exception as error:
+            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
 
     def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
         # Separate roots for reading: TF keeps a pending ("deferred") restore for any
@@ -403,10 +396,7 @@ class Checkpointer:
             IncompatibleCheckpointError: it does not fit the model.
         """
         self.sync()
-        try:
-            reader, _ = self._validate(path)
-        except Exception as error:
-            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
+        reader = self._chosen(path).reader
         progress = Progress.variables()
         state_root = tf.train.Checkpoint(**self._state_fn(), **{Progress.name: progress})
         check_compatible(path, reader, state_root, only=tuple(self._state_fn()))

@@ -21,6 +21,7 @@ __all__ = [
     "SERVICE_STATES",
     "SERVICE_STATES_KEY",
     "Progress",
+    "check_built",
     "parse_service_states",
     "restore_model",
     "saved_service_states",
@@ -154,11 +155,7 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
         ValueError: the model is not built.
     """
     path, reader = open_checkpoint(path)
-    if not model.built:
-        raise ValueError(
-            f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
-            "built model: call it once on a batch, or `model.build(input_shape)`."
-        )
+    check_built(model, f"restore {path}")
     _read_every_tensor(path, reader)
     state: dict[str, Any] = {"model": model}
     optimizer = getattr(model, "optimizer", None)
@@ -170,6 +167,15 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
     check_compatible(path, reader, root, only=tuple(state))
     root.read(path).expect_partial()
     return path
+
+
+def check_built(model: keras.Model, what: str, where: str = "") -> None:
+    """Raises a ValueError where the model is not built: its variables do not exist to `what` (e.g. "resume from ...") into."""
+    if not model.built:
+        raise ValueError(
+            f"Cannot {what}: the model is not built yet, so its variables do not exist to be restored. Expected a "
+            f"built model: call it once on a batch, or `model.build(input_shape)`{where}."
+        )
 
 
 def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:

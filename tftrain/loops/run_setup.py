@@ -38,6 +38,7 @@ from tftrain.loops import restore
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.preparation import FitCall
 from tftrain.loops.restore import report_resume
+from tftrain.loops.trainer_engines import Engines
 from tftrain.loops.training_run import TrainingRun, close_all
 from tftrain.options import RunOptions
 from tftrain.services.best_checkpoint import BestCheckpointService
@@ -67,20 +68,6 @@ BUILT_IN_NAMES = frozenset(
     )
 )  # fmt: skip
 """The names of the built-in services and of the run's own saved state (a user's service cannot take one: its state is saved by name)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _RunPlace:
-    """Where a run happens: this process's role, and whether other worker processes take part."""
-
-    worker: tuple[bool, str] = (True, "chief")  # (is_chief, name): `tftrain.distribute.worker_role`
-    single_process: bool = True
-    cluster_resolver: Any = None  # multi-worker runs agree on a preemption step through it
-
-    @classmethod
-    def of(cls, engines: Any) -> _RunPlace:
-        """Where the Trainer's engines run (`Engines.worker`, `Engines.workers`)."""
-        return cls(engines.worker, engines.workers == 1, getattr(engines.strategy, "cluster_resolver", None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,13 +219,13 @@ def _services(
     return services
 
 
-def _preemption(signals: tuple[int, ...], checkpoints: CheckpointService, place: _RunPlace) -> Service | None:
+def _preemption(signals: tuple[int, ...], checkpoints: CheckpointService, place: Engines) -> Service | None:
     """The preemption service of this process (one process, or several workers), or None."""
     if not signals:
         return None
-    if place.single_process:
+    if place.workers == 1:
         return PreemptionService(signals, checkpoints)
-    return multiworker_preemption(signals, checkpoints, place.cluster_resolver, place.worker)
+    return multiworker_preemption(signals, checkpoints, place.strategy.cluster_resolver, place.worker)
 
 
 def _planned_steps(call: FitCall) -> int | None:
@@ -254,7 +241,7 @@ class _ModelDir:
 
     path: str
     options: RunOptions
-    place: _RunPlace
+    place: Engines  # where this process stands: `Engines.worker`, `Engines.workers`
     model: Any
     extra_state: Callable[[], dict[str, Any]]
     global_step: tf.Variable | None
@@ -266,8 +253,7 @@ class _ModelDir:
         options = owner.run_options
         path = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
         averaged = owner.averaged_weights if owner.ema_decay is not None else None
-        place = _RunPlace.of(owner.engines)
-        return cls(path, options, place, owner.model, owner.checkpoint_state, owner.global_step, averaged)
+        return cls(path, options, owner.engines, owner.model, owner.checkpoint_state, owner.global_step, averaged)
 
     @property
     def chief(self) -> bool:

@@ -144,9 +144,7 @@ class Engines:
             return 1
         if hooks.relies_on_batch_hooks(callback_list, _HOOK_KINDS[kind]):
             return 1
-        if kind not in self.auto_steps:
-            self.auto_steps[kind] = StepsPerCall("auto")
-        return self.auto_steps[kind]
+        return self.auto_steps.setdefault(kind, StepsPerCall("auto"))
 
     def train_engine_name(self, callback_list: keras.callbacks.CallbackList) -> str:
         """The name of the training engine a `fit` with these callbacks ran (`EngineOptions.ran_name`).

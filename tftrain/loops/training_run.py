@@ -75,7 +75,8 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         # A service acts on each call's results before the next call (`Service.reads_every_call`).
         self.reads_every_call = any(service.reads_every_call for service in self.services)
         # The services each hook calls: those whose method is not `Service`'s own (which does nothing).
-        self.acting = {hook: _acting(self.services, hook) for hook in _HOOKS}
+        overrides = lambda service, hook: getattr(getattr(service, hook), "__func__", None) is not getattr(Service, hook)  # noqa: E731
+        self.acting = {hook: [s for s in self.services if overrides(s, hook)] for hook in _HOOKS}
 
     @property
     def finished(self) -> bool:
@@ -299,10 +300,6 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
 
 
 _HOOKS = ("next_stop", "before_call", "after_call", "results_read", "end_epoch", "validated", "close")
-
-
-def _acting(services: list[Service], hook: str) -> list[Service]:
-    return [s for s in services if getattr(getattr(s, hook), "__func__", None) is not getattr(Service, hook)]
 
 
 def close_all(services: list[Service]) -> None:
