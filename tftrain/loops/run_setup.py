@@ -12,9 +12,10 @@ after each host call: the NaN guard (or, with `on_nonfinite="rollback"`, the
 loss recovery), the step budget, the call's own and the user's services, the
 profiler, TensorBoard summaries, the best checkpoint, checkpoints, preemption
 (which saves through the checkpoint service), HParams, the writer lock,
-in-step summaries and timing. The run's own state besides (the data position,
-the run record) is not a service: it is saved with the services' states,
-each part under its name, and loads itself at a resume.
+in-step summaries and the timing state (a service only where checkpoints keep
+it). The run's own state besides (the data position, the run record) is not a
+service: it is saved with the services' states, each part under its name, and
+loads itself at a resume.
 """
 
 from __future__ import annotations
