@@ -29,7 +29,7 @@ import tensorflow as tf
 from tftrain.arguments import check_int
 from tftrain.checkpoint import data_position, files, native_log
 from tftrain.checkpoint.files import CHECKPOINT_NAME
-from tftrain.checkpoint.state import Progress, saved_service_states
+from tftrain.checkpoint.state import SERVICE_STATES, Progress, saved_service_states
 from tftrain.checkpoint.validation import (
     VARIABLE_SUFFIX,
     CorruptCheckpointError,
@@ -138,8 +138,8 @@ class Checkpointer:
         self._progress = Progress.variables(global_step)
         with tf.init_scope():
             self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
-            # The services' states, as JSON (`tftrain.checkpoint.state.SERVICE_STATES`).
-            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="service_states")
+            # The services' states, as JSON, under `tftrain.checkpoint.state.SERVICE_STATES`.
+            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name=SERVICE_STATES)
         self._shared_step = global_step
         self._state_fn = state if callable(state) else (lambda: dict(state))
         self._data = tf.Module(name=data_position.KEY)
@@ -156,7 +156,7 @@ class Checkpointer:
             **self._state_fn(),
             **{Progress.name: self._progress},
             iterator_saved=self._iterator_saved,
-            service_states=self._service_states,
+            **{SERVICE_STATES: self._service_states},
             **{data_position.KEY: self._data},
         )
 
