@@ -19,6 +19,7 @@ the model, and an older good one is used instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from collections.abc import Callable, Mapping
@@ -490,7 +491,7 @@ class Checkpointer:
             self._iterator_saved.assign(True)
             unsaveable = (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError)
             try:
-                return self._write(number, passing=unsaveable)
+                return self._write(number, passing=unsaveable, iterator=True)
             except unsaveable as error:
                 # e.g. a pipeline with a Python generator or stateful op: tf.data cannot save it.
                 self._warn_iterator_unsaveable(str(error).splitlines()[0])
@@ -500,12 +501,12 @@ class Checkpointer:
         self._iterator_saved.assign(False)
         return self._write(number)
 
-    def _write(self, number: int | None, passing: tuple[type[Exception], ...] = ()) -> str:
-        """Writes the files; an error writing them (but `passing`) raises `CheckpointWriteError`."""
+    def _write(self, number: int | None, passing: tuple[type[Exception], ...] = (), *, iterator: bool = False) -> str:
+        """Writes the files (with a data `iterator`: without TensorFlow's INFO line); an error (but `passing`) raises `CheckpointWriteError`."""
         shown = number if number is not None else int(self._root.save_counter.numpy()) + 1
         path = tf.io.gfile.join(self.directory, f"{CHECKPOINT_NAME}-{shown}")
         try:
-            with native_log.without_save_info():
+            with native_log.without_save_info() if iterator else contextlib.nullcontext():
                 path = self._save_files(number)
         except passing:
             raise
