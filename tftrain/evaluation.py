@@ -25,15 +25,14 @@ import tensorflow as tf
 
 from tftrain import arguments, layout, summaries
 from tftrain.arguments import check_int
-from tftrain.checkpoint import CheckpointError, IncompatibleCheckpointError, restore_model
-from tftrain.checkpoint.validation import VARIABLE_SUFFIX
+from tftrain.checkpoint import CheckpointError, IncompatibleCheckpointError, Progress, restore_model
 from tftrain.checkpoint.writer_lock import live_writer
 from tftrain.errors import EvaluationTimeoutError
 from tftrain.layout import EVAL_RUN, LOCK_NAME, RESULTS_FILE, ModelDirLayout
 
 __all__ = ["EVAL_RUN", "RESULTS_FILE", "EvaluationTimeoutError", "evaluate_continuously", "read_results"]
 
-_GLOBAL_STEP_KEY = "progress/global_step" + VARIABLE_SUFFIX
+_GLOBAL_STEP_KEY = Progress.key("global_step")
 _LOGGER = logging.getLogger("tftrain")
 
 

@@ -511,7 +511,8 @@ class NonFinitePolicy:
         Raises:
             ValueError: such a callback beside `"rollback"` or a spike threshold.
         """
-        return dataclasses.replace(self, callbacks_decide=self.terminate_on_nan and terminate_on_nan_callback)
+        decide = self.terminate_on_nan and terminate_on_nan_callback
+        return self if decide == self.callbacks_decide else dataclasses.replace(self, callbacks_decide=decide)
 
     def check(self, *, model_dir: str | None) -> None:
         """Checks the policy against the run's `model_dir`.

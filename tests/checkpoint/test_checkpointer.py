@@ -755,3 +755,16 @@ def test_an_error_preparing_the_data_is_not_taken_for_a_damaged_checkpoint(tmp_p
     with pytest.raises(RuntimeError, match="the input pipeline failed"):
         fit(tmp_path, shuffled_dataset, 2, checkpoint_every_steps=2)
     assert not [name for name in os.listdir(tmp_path / "checkpoints") if name.endswith(".corrupt")]
+
+
+def test_progress_saves_and_loads_itself_under_its_own_key(tmp_path):
+    progress = Progress(epoch=2, step_in_epoch=3, global_step=11, batches_in_pass=5)
+    shared = tf.Variable(11, dtype=tf.int64)
+    variables = Progress.variables(shared)
+    progress.save_to(variables, shared)
+    path = tf.train.Checkpoint(**{Progress.name: variables}).write(str(tmp_path / "ckpt"))
+    reader = tf.train.load_checkpoint(path)
+    assert Progress.read(reader) == progress == Progress.load(variables)
+    assert int(reader.get_tensor(Progress.key("global_step"))) == 11
+    with pytest.raises(RuntimeError, match="holds 11 but the run counted 12"):
+        Progress(global_step=12).save_to(variables, shared)

@@ -139,3 +139,19 @@ def test_a_fit_whose_target_is_reached_says_so_once_and_how_to_train_more(tmp_pa
     assert str(tmp_path) in message and reached in message
     assert larger in message and "a new `model_dir`" in message
     assert capsys.readouterr().out.count("nothing to train") == (1 if verbose else 0)
+
+
+def test_a_second_fit_checks_only_what_changed(monkeypatch):
+    from tftrain.engine import model_setup
+
+    checked = []
+    monkeypatch.setattr(model_setup, "check_data", lambda *args, **kwargs: checked.append(args[2]))
+    fitted = trainer()
+    x, y = np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32")
+    fitted.fit(x, y, batch_size=4, verbose=0)
+    fitted.fit(x, y, batch_size=4, verbose=0)  # the same model and data: not checked again
+    assert checked == ["x"]
+    fitted.fit(x, y, batch_size=2, verbose=0)  # another batch: another spec, checked
+    assert checked == ["x", "x"]
+    with pytest.raises(ValueError, match="epochs"):
+        fitted.fit(x, y, batch_size=4, epochs=-1, verbose=0)  # a changed argument is checked

@@ -19,7 +19,7 @@ the model, and an older good one is used instead.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import warnings
 from collections.abc import Callable, Mapping
@@ -30,7 +30,7 @@ import tensorflow as tf
 from tftrain.arguments import check_int
 from tftrain.checkpoint import data_position, files, native_log
 from tftrain.checkpoint.files import CHECKPOINT_NAME
-from tftrain.checkpoint.state import Progress, saved_service_states
+from tftrain.checkpoint.state import SERVICE_STATES, Progress, saved_service_states
 from tftrain.checkpoint.validation import (
     VARIABLE_SUFFIX,
     CorruptCheckpointError,
@@ -62,17 +62,8 @@ class ValidatedCheckpoint(NamedTuple):
         return self.reader.get_tensor(key) if self.reader.has_tensor(key) else None
 
 
-def saved_progress(reader: tf.train.CheckpointReader) -> Progress:
-    """A checkpoint's progress, read without restoring anything (a field it lacks reads 0)."""
-    values = {}
-    for field in dataclasses.fields(Progress):
-        key = f"progress/{field.name}{VARIABLE_SUFFIX}"
-        values[field.name] = int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
-    return Progress(**values)
-
-
 # What a checkpoint holds of the run besides the training state, the data and the services' states.
-_RUN_STATE_KEYS = ("progress", "iterator_saved", "save_counter")
+_RUN_STATE_KEYS = (Progress.name, "iterator_saved", "save_counter")
 
 
 def _is_checkpointable_iterator(iterator: Any) -> bool:
@@ -145,17 +136,11 @@ class Checkpointer:
         self.restore_directory = restore_directory or self.directory
         self.writer_check = writer_check
         self._pending: str | None = None  # an asynchronous write not known to be complete
+        self._progress = Progress.variables(global_step)
         with tf.init_scope():
-            self._progress = {
-                field.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=field.name)
-                for field in dataclasses.fields(Progress)
-                if field.name != "global_step" or global_step is None
-            }
             self._iterator_saved = tf.Variable(False, trainable=False, name="iterator_saved")
-            # The services' states, as JSON (`tftrain.checkpoint.state.SERVICE_STATES`).
-            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name="service_states")
-        if global_step is not None:
-            self._progress["global_step"] = global_step
+            # The services' states, as JSON, under `tftrain.checkpoint.state.SERVICE_STATES`.
+            self._service_states = tf.Variable("", dtype=tf.string, trainable=False, name=SERVICE_STATES)
         self._shared_step = global_step
         self._state_fn = state if callable(state) else (lambda: dict(state))
         self._data = tf.Module(name=data_position.KEY)
@@ -170,9 +155,9 @@ class Checkpointer:
     def _new_root(self) -> tf.train.Checkpoint:
         return tf.train.Checkpoint(
             **self._state_fn(),
-            progress=self._progress,
+            **{Progress.name: self._progress},
             iterator_saved=self._iterator_saved,
-            service_states=self._service_states,
+            **{SERVICE_STATES: self._service_states},
             **{data_position.KEY: self._data},
         )
 
@@ -233,11 +218,9 @@ class Checkpointer:
             if path in failed:
                 continue
             try:
-                reader, states = self._validate(path)
+                return self._validate(path)
             except Exception as error:  # any read error means this checkpoint is damaged
                 self._damaged(path, error)
-                continue
-            return ValidatedCheckpoint(path, states, saved_progress(reader), reader)
         if self._failures:
             listed = "\n".join(f"  {path}: {type(error).__name__}: {error}" for path, error in self._failures)
             raise CorruptCheckpointError(
@@ -245,14 +228,7 @@ class Checkpointer:
                 "Expected at least one readable checkpoint. Move the directory away (or pass another "
                 "`model_dir`) to train from scratch."
             )
-        if resume_from is None:
-            return None
-        path, _ = open_checkpoint(resume_from, "resume_from")
-        try:
-            reader, states = self._validate(path)
-        except Exception as error:
-            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        return ValidatedCheckpoint(path, states, saved_progress(reader), reader, own=False)
+        return None if resume_from is None else self._chosen(open_checkpoint(resume_from, "resume_from")[0])
 
     def restore(self, validated: ValidatedCheckpoint, iterator: Any = None) -> Progress | None:
         """Restores a validated checkpoint (`find`): the model, optimizer, progress, and the iterator first.
@@ -341,19 +317,21 @@ class Checkpointer:
             IncompatibleCheckpointError: it does not fit the model.
         """
         self.sync()
-        path, _ = open_checkpoint(path, "resume_from")
-        try:
-            reader, states = self._validate(path)
-        except Exception as error:
-            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        validated = ValidatedCheckpoint(path, states, saved_progress(reader), reader, own=False)
-        return path, self.restore(validated, iterator)
+        validated = self._chosen(open_checkpoint(path, "resume_from")[0])
+        return validated.path, self.restore(validated, iterator)
 
-    def _validate(self, path: str) -> tuple[tf.train.CheckpointReader, dict[str, Any]]:
-        """Reads every tensor of a checkpoint and its services' states; raises if it is damaged."""
+    def _validate(self, path: str, *, own: bool = True) -> ValidatedCheckpoint:
+        """Reads every tensor of a checkpoint, its services' states and progress; raises if it is damaged."""
         reader = tf.train.load_checkpoint(path)
         read_all_tensors(reader)
-        return reader, saved_service_states(reader)
+        return ValidatedCheckpoint(path, saved_service_states(reader), Progress.read(reader), reader, own)
+
+    def _chosen(self, path: str) -> ValidatedCheckpoint:
+        """A checkpoint chosen by path, validated: a damaged one is a `CorruptCheckpointError` (no fallback)."""
+        try:
+            return self._validate(path, own=False)
+        except Exception as error:
+            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
 
     def _restore_from(self, path: str, reader: tf.train.CheckpointReader, iterator: Any) -> Progress:
         # Separate roots for reading: TF keeps a pending ("deferred") restore for any
@@ -362,7 +340,7 @@ class Checkpointer:
         # states are read from the reader (`saved_service_states`), not restored.
         state_root = tf.train.Checkpoint(
             **self._state_fn(),
-            progress=self._progress,
+            **{Progress.name: self._progress},
             iterator_saved=self._iterator_saved,
         )
         state_root.save_counter  # noqa: B018 (created on first use; every checkpoint has one)
@@ -386,7 +364,7 @@ class Checkpointer:
                 ) from error
         state_root.read(path).expect_partial().assert_existing_objects_matched()
         self._root.save_counter.assign(state_root.save_counter)
-        progress = Progress(**{name: int(var.numpy()) for name, var in self._progress.items()})
+        progress = Progress.load(self._progress)
         self.iterator_restored = restore_iterator
         self.service_states = saved_service_states(reader)
         self.restored_path = path
@@ -419,19 +397,12 @@ class Checkpointer:
             IncompatibleCheckpointError: it does not fit the model.
         """
         self.sync()
-        try:
-            reader, _ = self._validate(path)
-        except Exception as error:
-            raise CorruptCheckpointError(f"The checkpoint {path} cannot be read: {error}") from error
-        with tf.init_scope():
-            progress = {
-                field.name: tf.Variable(0, dtype=tf.int64, trainable=False)
-                for field in dataclasses.fields(Progress)
-            }
-        state_root = tf.train.Checkpoint(**self._state_fn(), progress=progress)
+        reader = self._chosen(path).reader
+        progress = Progress.variables()
+        state_root = tf.train.Checkpoint(**self._state_fn(), **{Progress.name: progress})
         check_compatible(path, reader, state_root, only=tuple(self._state_fn()))
         state_root.read(path).expect_partial().assert_existing_objects_matched()
-        return Progress(**{name: int(variable.numpy()) for name, variable in progress.items()})
+        return Progress.load(progress)
 
     # ------------------------------------------------------------------- save
 
@@ -502,15 +473,7 @@ class Checkpointer:
         # (TensorFlow's next save would wait for it anyway).
         self.sync()
         self._check_directory()
-        for name, variable in self._progress.items():
-            if variable is self._shared_step:
-                if int(variable.numpy()) != progress.global_step:
-                    raise RuntimeError(
-                        f"tftrain internal error: the global step variable holds {int(variable.numpy())} "
-                        f"but the run counted {progress.global_step} steps; nothing was saved."
-                    )
-                continue
-            variable.assign(getattr(progress, name))
+        progress.save_to(self._progress, self._shared_step)
         self._service_states.assign(json.dumps(service_states) if service_states else "")
         for name, value in self._state_fn().items():
             setattr(self._root, name, value)
@@ -528,7 +491,7 @@ class Checkpointer:
             self._iterator_saved.assign(True)
             unsaveable = (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError)
             try:
-                return self._write(number, passing=unsaveable)
+                return self._write(number, passing=unsaveable, iterator=True)
             except unsaveable as error:
                 # e.g. a pipeline with a Python generator or stateful op: tf.data cannot save it.
                 self._warn_iterator_unsaveable(str(error).splitlines()[0])
@@ -538,12 +501,12 @@ class Checkpointer:
         self._iterator_saved.assign(False)
         return self._write(number)
 
-    def _write(self, number: int | None, passing: tuple[type[Exception], ...] = ()) -> str:
-        """Writes the files; an error writing them (but `passing`) raises `CheckpointWriteError`."""
+    def _write(self, number: int | None, passing: tuple[type[Exception], ...] = (), *, iterator: bool = False) -> str:
+        """Writes the files (with a data `iterator`: without TensorFlow's INFO line); an error (but `passing`) raises `CheckpointWriteError`."""
         shown = number if number is not None else int(self._root.save_counter.numpy()) + 1
         path = tf.io.gfile.join(self.directory, f"{CHECKPOINT_NAME}-{shown}")
         try:
-            with native_log.without_save_info():
+            with native_log.without_save_info() if iterator else contextlib.nullcontext():
                 path = self._save_files(number)
         except passing:
             raise

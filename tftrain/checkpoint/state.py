@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
@@ -21,6 +21,7 @@ __all__ = [
     "SERVICE_STATES",
     "SERVICE_STATES_KEY",
     "Progress",
+    "check_built",
     "parse_service_states",
     "restore_model",
     "saved_service_states",
@@ -40,7 +41,7 @@ _TIMING_KEY = "timing" + VARIABLE_SUFFIX
 
 @dataclasses.dataclass
 class Progress:
-    """Where a training run is.
+    """Where a training run is; it saves and loads itself under `progress/` in a checkpoint.
 
     Attributes:
         epoch: The epoch being trained (epochs completed, at an epoch end).
@@ -51,10 +52,48 @@ class Progress:
             skipping batches where the iterator itself cannot be saved).
     """
 
+    name: ClassVar[str] = "progress"
+    """The progress's name in a checkpoint: each field is the variable `progress/<field>`."""
+
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
     batches_in_pass: int = 0
+
+    @classmethod
+    def key(cls, field: str) -> str:
+        """A field's checkpoint key, e.g. `progress/global_step/.ATTRIBUTES/VARIABLE_VALUE`."""
+        return f"{cls.name}/{field}{VARIABLE_SUFFIX}"
+
+    @classmethod
+    def variables(cls, global_step: tf.Variable | None = None) -> dict[str, tf.Variable]:
+        """New variables to save a progress in, by field; `global_step`: the run's own counter, shared."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "global_step" or global_step is None]
+        with tf.init_scope():
+            made = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name) for name in names}
+        return {**made, "global_step": global_step} if global_step is not None else made
+
+    def save_to(self, variables: Mapping[str, tf.Variable], shared: tf.Variable | None = None) -> None:
+        """Assigns this progress to its variables (`variables`); `shared`, the run's counter, must agree already."""
+        for field, variable in variables.items():
+            if variable is shared and int(variable.numpy()) != self.global_step:
+                raise RuntimeError(
+                    f"tftrain internal error: the global step variable holds {int(variable.numpy())} "
+                    f"but the run counted {self.global_step} steps; nothing was saved."
+                )
+            if variable is not shared:
+                variable.assign(getattr(self, field))
+
+    @classmethod
+    def load(cls, variables: Mapping[str, tf.Variable]) -> Progress:
+        """The progress its variables hold (restored from a checkpoint)."""
+        return cls(**{field: int(variable.numpy()) for field, variable in variables.items()})
+
+    @classmethod
+    def read(cls, reader: tf.train.CheckpointReader) -> Progress:
+        """A checkpoint's progress, read without restoring anything (a field it lacks reads 0)."""
+        keys = {f.name: cls.key(f.name) for f in dataclasses.fields(cls)}
+        return cls(**{field: int(reader.get_tensor(key)) for field, key in keys.items() if reader.has_tensor(key)})
 
 
 def seed_generator_states(model: keras.Model) -> list[keras.Variable]:
@@ -116,11 +155,7 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
         ValueError: the model is not built.
     """
     path, reader = open_checkpoint(path)
-    if not model.built:
-        raise ValueError(
-            f"Cannot restore {path}: the model is not built yet, so its variables do not exist. Expected a "
-            "built model: call it once on a batch, or `model.build(input_shape)`."
-        )
+    check_built(model, f"restore {path}")
     _read_every_tensor(path, reader)
     state: dict[str, Any] = {"model": model}
     optimizer = getattr(model, "optimizer", None)
@@ -132,6 +167,15 @@ def restore_model(model: keras.Model, path: str, *, include_optimizer: bool = Tr
     check_compatible(path, reader, root, only=tuple(state))
     root.read(path).expect_partial()
     return path
+
+
+def check_built(model: keras.Model, what: str, where: str = "") -> None:
+    """Raises a ValueError where the model is not built: its variables do not exist to `what` (e.g. "resume from ...") into."""
+    if not model.built:
+        raise ValueError(
+            f"Cannot {what}: the model is not built yet, so its variables do not exist to be restored. Expected a "
+            f"built model: call it once on a batch, or `model.build(input_shape)`{where}."
+        )
 
 
 def _read_every_tensor(path: str, reader: tf.train.CheckpointReader) -> None:

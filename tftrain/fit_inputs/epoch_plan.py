@@ -257,6 +257,24 @@ class EpochPlan:
         elif known_pass is not None and self._seen_in_pass >= known_pass:
             self._iterator = None
 
+    def warn_single_pass(self, passes: int, argument: str, steps_argument: str, fix: str) -> None:
+        """Warns when a call would read a Python generator more than once: later passes are not the data.
+
+        A generator yields its batches once. `model.fit` (and so the Trainer, which
+        behaves as `fit` does) reads it again for the next pass, and that pass gets
+        only the batches Keras kept to learn the data's shapes. The run goes on as
+        under `fit`; the warning says how to get whole passes.
+        """
+        if self.single_pass and self.steps_per_epoch is None and passes > 1:
+            warnings.warn(
+                f"`{argument}` is a Python generator, which yields its batches once, but this call reads it "
+                f"{passes} times over ({fix}) with `{steps_argument}=None`: as under model.fit, every pass "
+                "after the first reads only the batches kept to learn the data's shapes. For whole passes, "
+                "use a keras.utils.PyDataset or tf.data.Dataset, or a generator that never ends with "
+                f"`{steps_argument}=<steps>`.",
+                stacklevel=4,
+            )
+
     def close(self) -> None:
         """Ends the epoch for the adapter (a PyDataset's `on_epoch_end`, stopping its workers)."""
         if self._in_epoch and self.data.adapter is not None:

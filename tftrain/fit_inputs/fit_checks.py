@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 from tftrain.fit_inputs import inputs
-from tftrain.fit_inputs.epoch_plan import EpochPlan
 
 
 def should_validate(epoch: int, validation_freq: int | list[int]) -> bool:
@@ -25,29 +23,8 @@ def should_validate(epoch: int, validation_freq: int | list[int]) -> bool:
     return epoch + 1 in validation_freq
 
 
-def warn_single_pass(plan: EpochPlan, passes: int, argument: str, steps_argument: str, fix: str) -> None:
-    """Warns when a call would read a Python generator more than once: later passes are not the data.
-
-    A generator yields its batches once. `model.fit` (and so the Trainer, which
-    behaves as `fit` does) reads it again for the next pass, and that pass gets
-    only the batches Keras kept to learn the data's shapes. The run goes on as
-    under `fit`; the warning says how to get whole passes.
-    """
-    if plan.single_pass and plan.steps_per_epoch is None and passes > 1:
-        warnings.warn(
-            f"`{argument}` is a Python generator, which yields its batches once, but this call reads it "
-            f"{passes} times over ({fix}) with `{steps_argument}=None`: as under model.fit, every pass "
-            "after the first reads only the batches kept to learn the data's shapes. For whole passes, "
-            "use a keras.utils.PyDataset or tf.data.Dataset, or a generator that never ends with "
-            f"`{steps_argument}=<steps>`.",
-            stacklevel=4,
-        )
-
-
-def check_resume_sources(callbacks: Any, model_dir: str | None) -> None:
+def check_resume_sources(callbacks: Any, model_dir: str) -> None:
     """One resume mechanism per run: `BackupAndRestore` and a `model_dir` would both restore the model."""
-    if model_dir is None:
-        return
     for callback in tf.nest.flatten(callbacks or []):
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             raise ValueError(

@@ -147,6 +147,7 @@ def adapt(
     class_weight: dict[int, float] | None = None,
     argument: str = "x",
     steps_argument: str = "steps_per_epoch",
+    checked: bool = False,
 ) -> AdaptedInput:
     """Adapts `fit`/`evaluate`/`predict` inputs with Keras's own adapters.
 
@@ -162,6 +163,7 @@ def adapt(
         class_weight: Class index -> weight, turned into sample weights.
         argument: The argument's name, for error messages.
         steps_argument: The name of the steps argument, for error messages.
+        checked: `batch_size` and `steps` were checked already (the same `fit` arguments before).
 
     Returns:
         An `AdaptedInput`.
@@ -172,8 +174,9 @@ def adapt(
             with several outputs), an unbatched dataset, or a PyDataset whose
             `__getitem__` raises (the error names the index).
     """
-    check_int("batch_size", batch_size, optional=True)
-    check_int(steps_argument, steps, optional=True)
+    if not checked:
+        check_int("batch_size", batch_size, optional=True)
+        check_int(steps_argument, steps, optional=True)
     limited = keras_step_limit(steps, steps_argument)
     steps, from_limit = limited, limited != steps
     kind = input_kind(x)

@@ -101,10 +101,25 @@ class FitCall:
     validation_every_steps: int | None
 
 
+def _model_state(model: Any, built: bool) -> tuple[Any, ...]:
+    """What the checks of a model depend on besides the data (its compile and optimizer); `built`: and its variables."""
+    optimizer = getattr(model, "optimizer", None)
+    state = (model.compiled, id(optimizer), id(model.loss), tuple(map(id, model.metrics)))
+    return (*state, getattr(optimizer, "built", None), len(model.variables)) if built else state
+
+
+def _once(owner: StepOwner, what: tuple[Any, ...], check: Callable[[], None], *, build: bool = False) -> None:
+    """Runs `check` (or the build) unless it ran before in this Trainer on the same model and `what` (the data's spec)."""
+    if (what, _model_state(owner.model, build)) not in owner.engines.checked:
+        check()
+        owner.engines.checked.append((what, _model_state(owner.model, build)))
+
+
 def check_step(owner: StepOwner, kind: str) -> None:
     """The model's default steps need a compiled model (and an optimizer, to train)."""
     if owner.uses_model_step(kind):
-        model_setup.check_compiled_for(owner.model, model_setup.MODEL_STEPS[kind], f"{kind}_step")
+        step = model_setup.MODEL_STEPS[kind]
+        _once(owner, (step,), lambda: model_setup.check_compiled_for(owner.model, step, f"{kind}_step"))
 
 
 def plan_of(owner: StepOwner, data: inputs.AdaptedInput) -> EpochPlan:
@@ -122,15 +137,25 @@ def plan_of(owner: StepOwner, data: inputs.AdaptedInput) -> EpochPlan:
 def plan_for(owner: StepOwner, kind: str, data: inputs.AdaptedInput, argument: str) -> EpochPlan:
     """The plan over adapted inputs, checked: batched, targets where the loss needs them, an even global batch."""
     plan = plan_of(owner, data)
-    default = owner.uses_model_step(kind) and model_setup.uses_default_step(owner.model, model_setup.MODEL_STEPS[kind])
-    model_setup.check_data(owner.model, plan.dataset, argument, owner.engines.strategy, default_step=default)
+    model_step = owner.uses_model_step(kind)
+
+    def check() -> None:
+        default = model_step and model_setup.uses_default_step(owner.model, model_setup.MODEL_STEPS[kind])
+        model_setup.check_data(owner.model, plan.dataset, argument, owner.engines.strategy, default_step=default)
+
+    _once(owner, (kind, model_step, argument, plan.dataset.element_spec), check)
     return plan
 
 
 def build(owner: StepOwner, dataset: tf.data.Dataset) -> None:
     """Creates the model's, metrics' and optimizer's variables before the first trace."""
-    default = owner.uses_model_step("train") and model_setup.uses_default_step(owner.model, "train_step")
-    model_setup.build_variables(owner.model, dataset, owner.engines.strategy, default_train_step=default)
+    model_step = owner.uses_model_step("train")
+
+    def build_variables() -> None:
+        default = model_step and model_setup.uses_default_step(owner.model, "train_step")
+        model_setup.build_variables(owner.model, dataset, owner.engines.strategy, default_train_step=default)
+
+    _once(owner, ("build", model_step, dataset.element_spec), build_variables, build=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,21 +191,33 @@ class FitArguments:
         return cls(**{field.name: values[field.name] for field in dataclasses.fields(cls) if field.name in values})
 
 
+def _checked_numbers(arguments: FitArguments) -> tuple[int, int | list[int]]:
+    """`fit`'s number arguments checked; returns `verbose` resolved and `validation_freq` (a list, for epochs)."""
+    check_int("epochs", arguments.epochs, 0)
+    check_int("initial_epoch", arguments.initial_epoch, 0)
+    verbosity, validation_freq = check_verbose(arguments.verbose), check_validation_freq(arguments.validation_freq)
+    has_validation = check_validation_split(arguments.validation_split) > 0 or arguments.validation_data is not None
+    check_int("total_steps", arguments.total_steps, optional=True)
+    check_validation_every_steps(arguments.validation_every_steps, has_validation)
+    return verbosity, validation_freq
+
+
 def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
     """`Trainer.fit`'s arguments checked and adapted into a `FitCall`, its variables built."""
     x, y, sample_weight = arguments.x, arguments.y, arguments.sample_weight
     batch_size, epochs, initial_epoch = arguments.batch_size, arguments.epochs, arguments.initial_epoch
-    validation_data, validation_freq = arguments.validation_data, arguments.validation_freq
-    total_steps, verbose, callbacks = arguments.total_steps, arguments.verbose, arguments.callbacks
-    check_int("epochs", epochs, 0)
-    check_int("initial_epoch", initial_epoch, 0)
-    verbosity = check_verbose(verbose)
+    validation_data, total_steps, callbacks = arguments.validation_data, arguments.total_steps, arguments.callbacks
+    # The numbers as given, checked once per Trainer: an earlier call that passed every check with them resolved them.
+    given = dataclasses.replace(arguments, x=None, y=None, sample_weight=None, callbacks=None,
+                                validation_data=validation_data is None)  # fmt: skip
+    known = [resolved for key, resolved in owner.engines.checked if key == given]
+    verbosity, validation_freq = known[0] if known else _checked_numbers(arguments)
     nonfinite_policy = owner.nonfinite_policy.with_callbacks(hooks.terminates_on_nan(callbacks))
-    validation_freq = check_validation_freq(validation_freq)
     epochs = inputs.keras_epoch_limit(epochs)
     check_step(owner, "train")
-    fit_checks.check_resume_sources(callbacks, owner.run_options.model_dir)
-    if check_validation_split(arguments.validation_split) and validation_data is None:
+    if owner.run_options.model_dir is not None:
+        fit_checks.check_resume_sources(callbacks, owner.run_options.model_dir)
+    if arguments.validation_split and validation_data is None:
         (x, y, sample_weight), validation_data = inputs.split_validation(
             x, y, sample_weight, arguments.validation_split
         )
@@ -192,14 +229,14 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
         steps=arguments.steps_per_epoch,
         shuffle=arguments.shuffle,
         class_weight=arguments.class_weight,
+        checked=bool(known),
     )
-    if check_int("total_steps", total_steps, optional=True) is not None:
+    if total_steps is not None:
         train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
     plan = plan_for(owner, "train", train, "x")
     if owner.run_options.model_dir is not None:
         plan.keep_array_position()  # arrays resume at their next unread example, in their pass's order
-    fit_checks.warn_single_pass(
-        plan,
+    plan.warn_single_pass(
         epochs - initial_epoch,
         "x",
         "steps_per_epoch",
@@ -220,15 +257,15 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
                 argument="validation_data", steps_argument="validation_steps",
             )  # fmt: skip
             validation_plan = plan_for(owner, "eval", adapted, "validation_data")
-            fit_checks.warn_single_pass(
-                validation_plan, count, "validation_data", "validation_steps", f"{count} validations"
+            validation_plan.warn_single_pass(
+                count, "validation_data", "validation_steps", f"{count} validations"
             )
             return validation_plan
 
         validation = ValidationData(open_validation, deferred=inputs.read_to_adapt(val_x))
-    check_validation_every_steps(arguments.validation_every_steps, validation is not None)
     plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
     build(owner, plan.dataset)
+    owner.engines.checked.extend([] if known else [(given, (verbosity, validation_freq))])
     return FitCall(
         plan=plan,
         validation=validation,
@@ -236,7 +273,7 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
         initial_epoch=initial_epoch,
         total_steps=total_steps,
         callbacks=callbacks,
-        verbose=verbose,
+        verbose=arguments.verbose,
         verbosity=verbosity,
         nonfinite_policy=nonfinite_policy,
         validation_freq=validation_freq,

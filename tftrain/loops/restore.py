@@ -33,6 +33,7 @@ from typing import Any
 from tftrain import checkpoint as checkpoint_lib
 from tftrain.checkpoint import run_record
 from tftrain.checkpoint.data_position import DataPosition
+from tftrain.checkpoint.state import check_built
 from tftrain.options import RunOptions
 from tftrain.services.protocol import Service
 
@@ -95,9 +96,10 @@ def restore_run(
         request.data.load(None)
         _report(None, run_record.Comparison(), request)
         return None
-    _check_model_built(validated.path, request.model)
+    check_built(request.model, f"resume from {validated.path}", " before `fit`")
     comparison, next_epoch = _compare_record(validated, request)  # 2. the run record
-    optimizers = _optimizers(request)
+    record = request.record  # the run's optimizers by their place in it (the model's alone where it names none)
+    optimizers = dict(record.optimizers or {"optimizer": request.model.optimizer}) if record is not None else {}
     learning_rates = run_record.learning_rates(optimizers)  # the user's, before the restore
     iterator = request.data.load(validated, fresh_pass=next_epoch)  # 3. the data pipeline
     progress = checkpointer.restore(validated, iterator)  # 4. progress, model, optimizer (the iterator first)
@@ -109,22 +111,6 @@ def restore_run(
     _load_services_state(request, validated)  # 5. the services' state
     request.data.resume(progress, checkpointer.iterator_restored, comparison.saved_batch_size)  # 6. data position
     return resumed
-
-
-def _check_model_built(source: str, model: Any) -> None:
-    if not model.built:
-        raise ValueError(
-            f"Cannot resume from {source}: the model is not built yet, so its variables "
-            "do not exist to be restored. Expected a built model: call it once on a batch, or "
-            "`model.build(input_shape)`, before `fit`."
-        )
-
-
-def _optimizers(request: RestoreRequest) -> dict[str, Any]:
-    """The run's optimizers by their place in the record (the model's alone where no record names others)."""
-    if request.record is not None and request.record.optimizers:
-        return dict(request.record.optimizers)
-    return {"optimizer": getattr(request.model, "optimizer", None)}
 
 
 def _compare_record(

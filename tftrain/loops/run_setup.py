@@ -12,10 +12,11 @@ after each host call: the NaN guard (or, with `on_nonfinite="rollback"`, the
 loss recovery), the step budget, the call's own and the user's services, the
 profiler, TensorBoard summaries, the best checkpoint, checkpoints, preemption
 (which saves through the checkpoint service), HParams, the writer lock,
-in-step summaries, timing and, with `slurm_requeue`, the SLURM requeue (closed
-last, after the lock is released). The run's own state besides (the data position,
-the run record) is not a service: it is saved with the services' states,
-each part under its name, and loads itself at a resume.
+in-step summaries, the timing state (a service only where checkpoints keep
+it) and, with `slurm_requeue`, the SLURM requeue (closed last, after the lock
+is released). The run's own state besides (the data position, the run record)
+is not a service: it is saved with the services' states, each part under its
+name, and loads itself at a resume.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import tensorflow as tf
 
 from tftrain import checkpoint as checkpoint_lib
-from tftrain import distribute, summaries, timing
+from tftrain import summaries, timing
 from tftrain.arguments import check_profile_steps
 from tftrain.checkpoint import run_record
 from tftrain.checkpoint.data_position import DataPosition
@@ -39,6 +40,7 @@ from tftrain.loops import restore
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.preparation import FitCall
 from tftrain.loops.restore import report_resume
+from tftrain.loops.trainer_engines import Engines
 from tftrain.loops.training_run import TrainingRun, close_all
 from tftrain.options import RunOptions
 from tftrain.services.best_checkpoint import BestCheckpointService
@@ -69,25 +71,6 @@ BUILT_IN_NAMES = frozenset(
     )
 )  # fmt: skip
 """The names of the built-in services and of the run's own saved state (a user's service cannot take one: its state is saved by name)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _RunPlace:
-    """Where a run happens: this process's role, and whether other worker processes take part."""
-
-    worker: tuple[bool, str] = (True, "chief")  # (is_chief, name): `tftrain.distribute.worker_role`
-    single_process: bool = True
-    cluster_resolver: Any = None  # multi-worker runs agree on a preemption step through it
-
-    @classmethod
-    def of(cls, strategy: tf.distribute.Strategy | None) -> _RunPlace:
-        if strategy is None:
-            return cls()
-        return cls(
-            distribute.worker_role(strategy),
-            distribute.num_workers(strategy) == 1,
-            getattr(strategy, "cluster_resolver", None),
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,12 +120,14 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
     """
     options, plan = owner.run_options, call.plan
     owner.global_step.assign(0)  # a run without a checkpoint starts at 0, as its Progress does
-    window = check_profile_steps(options.profile_steps, _planned_steps(call))
+    window = check_profile_steps(options.profile_steps, _planned_steps(call)) if options.profile_steps else None
     where = _ModelDir.of(owner) if options.model_dir is not None else None
     data = DataPosition(plan) if where is not None else None
     kept = where is not None and parts.record is not None
     record = run_record.RunRecord(parts.record, owner.model, parts.optimizers) if kept else None
-    timing_service = TimingService(parts.timer, parts.trace_counter)
+    counter, traces_before = parts.trace_counter, parts.trace_counter.count
+    # The timing state kept across a resume: a service only where checkpoints keep it.
+    timing_service = TimingService(parts.timer, counter) if where is not None else None
     # The chief is the writer: one per model_dir, held before anything there is touched.
     lock = WriterLock(where.path) if where is not None and where.chief else None
     services: list[Service] = []
@@ -170,7 +155,8 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
         progress or checkpoint_lib.Progress(),
         services,
         checkpointer=checkpointer,
-        timing_service=timing_service,
+        timer=parts.timer,
+        trace_count=timing_service.trace_count if timing_service else lambda: counter.count - traces_before,
         saved_parts=tuple(part for part in (data, record) if part is not None),
         total_steps=call.total_steps,
     )
@@ -180,7 +166,7 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
 class _Made:
     """What the services act on, made before them (where a run has no `model_dir`, what it needs is None)."""
 
-    timing: TimingService
+    timing: TimingService | None
     where: _ModelDir | None
     checkpointer: checkpoint_lib.Checkpointer | None
     data: DataPosition | None
@@ -232,20 +218,20 @@ def _services(
     step_summaries = owner.engines.in_step_summaries(options.model_dir, options.summary_every_steps)
     if step_summaries is not None:
         services.append(InStepSummaryService(step_summaries))
-    services.append(made.timing)
+    services.extend([made.timing] if made.timing is not None else [])
     if chief and preemption is not None and options.slurm_requeue:  # last: closed after the lock's release
         services.append(SlurmRequeue(preemption))
     _check_names(services)
     return services
 
 
-def _preemption(signals: tuple[int, ...], checkpoints: CheckpointService, place: _RunPlace) -> Service | None:
+def _preemption(signals: tuple[int, ...], checkpoints: CheckpointService, place: Engines) -> Service | None:
     """The preemption service of this process (one process, or several workers), or None."""
     if not signals:
         return None
-    if place.single_process:
+    if place.workers == 1:
         return PreemptionService(signals, checkpoints)
-    return multiworker_preemption(signals, checkpoints, place.cluster_resolver, place.worker)
+    return multiworker_preemption(signals, checkpoints, place.strategy.cluster_resolver, place.worker)
 
 
 def _planned_steps(call: FitCall) -> int | None:
@@ -261,7 +247,7 @@ class _ModelDir:
 
     path: str
     options: RunOptions
-    place: _RunPlace
+    place: Engines  # where this process stands: `Engines.worker`, `Engines.workers`
     model: Any
     extra_state: Callable[[], dict[str, Any]]
     global_step: tf.Variable | None
@@ -273,8 +259,7 @@ class _ModelDir:
         options = owner.run_options
         path = checkpoint_lib.ensure_writable_directory(options.model_dir, "model_dir")
         averaged = owner.averaged_weights if owner.ema_decay is not None else None
-        place = _RunPlace.of(owner.engines.strategy)
-        return cls(path, options, place, owner.model, owner.checkpoint_state, owner.global_step, averaged)
+        return cls(path, options, owner.engines, owner.model, owner.checkpoint_state, owner.global_step, averaged)
 
     @property
     def chief(self) -> bool:

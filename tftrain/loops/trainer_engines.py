@@ -76,6 +76,11 @@ class Engines:
         self._past_nonfinite: step_runner.StepRunner | None = None  # built for a fit with `TerminateOnNaN`
         self.auto_steps: dict[str, StepsPerCall] = {}
         self._in_step_summaries: InStepSummaries | None = None
+        # What the strategy is, resolved once (as Keras fixes a model's strategy): a fit asks again and again.
+        self.default_strategy = distribute.is_default_strategy(strategy)
+        self.worker, self.workers = distribute.worker_role(strategy), distribute.num_workers(strategy)
+        # What a call checked and built that depends only on what it names (`preparation.checked_once`).
+        self.checked: list[Any] = []
 
     @contextlib.contextmanager
     def fresh_cache(self) -> Iterator[None]:
@@ -134,7 +139,7 @@ class Engines:
 
     def plan(self, data: inputs.AdaptedInput) -> EpochPlan:
         """The pass-by-pass plan over adapted inputs: plain iterators, or distributed under a strategy."""
-        if distribute.is_default_strategy(self.strategy):
+        if self.default_strategy:
             return EpochPlan(data, make_iterator=iter)
         return EpochPlan(
             data, make_iterator=lambda dataset: iter(self.strategy.experimental_distribute_dataset(dataset))
@@ -151,7 +156,7 @@ class Engines:
         """
         if not self.options.auto:
             return self.options.fixed_steps
-        if distribute.num_workers(self.strategy) > 1:
+        if self.workers > 1:
             return 1
         if hooks.relies_on_batch_hooks(callback_list, _HOOK_KINDS[kind]):
             return 1
@@ -181,8 +186,7 @@ class Engines:
         other than the chief, and under XLA (it cannot compile summary ops on
         CPU and GPU, so the step's summaries are not recorded there).
         """
-        chief, _ = distribute.worker_role(self.strategy)
-        if model_dir is None or not chief or self.options.jit_compile:
+        if model_dir is None or not self.worker[0] or self.options.jit_compile:
             return None
         if self._in_step_summaries is None:
             self._in_step_summaries = InStepSummaries(model_dir, self.global_step, every_steps)

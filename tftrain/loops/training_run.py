@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from tftrain import checkpoint as checkpoint_lib
@@ -20,7 +21,7 @@ from tftrain.checkpoint.memory_snapshot import KeptState, Rollback, StateSnapsho
 from tftrain.engine import calls
 from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.services.protocol import Service, json_ready_state
-from tftrain.services.timing_state import TimingService
+from tftrain.timing import StepTimer
 
 __all__ = ["TrainingRun", "close_all"]
 
@@ -34,7 +35,9 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         services: Called in order after each host call and at each epoch end
             (the NaN guard first, the checkpoint after the summaries).
         checkpointer: The run's checkpoints, or None.
-        timing_service: The service that keeps the timing state and trace count, or None.
+        timer: Times each host call, or None.
+        trace_count: Returns the training step's traces in this run (a resumed
+            run's count, the checkpoint's: `TimingService.trace_count`).
         saved_parts: The run's own state saved with the services' states,
             each under its `name` with its `state_dict()` (the data position,
             the run record); each loads itself at a resume (`tftrain.loops.restore`).
@@ -48,7 +51,8 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         services: list[Service],
         *,
         checkpointer: checkpoint_lib.Checkpointer | None = None,
-        timing_service: TimingService | None = None,
+        timer: StepTimer | None = None,
+        trace_count: Callable[[], int] = lambda: 0,
         saved_parts: tuple[Any, ...] = (),
         total_steps: int | None = None,
     ):
@@ -57,11 +61,11 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.progress = progress
         self.services = list(services)
         self.checkpointer = checkpointer
-        self.timing_service = timing_service
+        self.trace_count = trace_count
         self.saved_parts = saved_parts
         self.resumed = progress.global_step > 0 or progress.epoch > 0
         self.epoch_steps: int | None = None  # steps in the current epoch, if known
-        self.timer = timing_service.timer if timing_service is not None else None
+        self.timer = timer
         self.nonfinite_step: int | None = None  # `RunState.nonfinite_step`: no checkpoint once set
         # `RunState.steps_kept_in_epoch`: a resumed run's checkpoint holds its epoch's steps so far.
         self.steps_kept_in_epoch = progress.step_in_epoch
@@ -70,15 +74,14 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self._unread: tuple[calls.PendingCall, bool] | None = None  # filed, results not read yet
         # A service acts on each call's results before the next call (`Service.reads_every_call`).
         self.reads_every_call = any(service.reads_every_call for service in self.services)
+        # The services each hook calls: those whose method is not `Service`'s own (which does nothing).
+        overrides = lambda service, hook: getattr(getattr(service, hook), "__func__", None) is not getattr(Service, hook)  # noqa: E731
+        self.acting = {hook: [s for s in self.services if overrides(s, hook)] for hook in _HOOKS}
 
     @property
     def finished(self) -> bool:
         """Whether the run has trained its step budget (never, without one)."""
         return self.total_steps is not None and self.progress.global_step >= self.total_steps
-
-    def trace_count(self) -> int:
-        """Traces of the training step in this run (a resumed run adds the checkpointed count)."""
-        return self.timing_service.trace_count() if self.timing_service is not None else 0
 
     def data_position(self) -> tuple[Any, int]:
         """The iterator the next training step reads from, and the batches read in its pass so far.
@@ -90,7 +93,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
 
     def report_validation(self, logs: dict[str, Any]) -> None:
         """Tells every service of a validation taken at the current step (`Service.validated`)."""
-        for service in self.services:
+        for service in self.acting["validated"]:
             service.validated(self, logs)
 
     def latest_checkpoint(self) -> str | None:
@@ -174,7 +177,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
     def steps_allowed(self, wanted: int) -> int:
         """`wanted`, shortened so that the host call ends at the next service boundary."""
         done = self.progress.global_step
-        for service in self.services:
+        for service in self.acting["next_stop"]:
             stop = service.next_stop(done)
             if stop is not None:
                 wanted = min(wanted, stop - done)
@@ -183,7 +186,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
     def ends_at_boundary(self, steps: int) -> bool:
         """Whether a call of `steps` steps from here ends where a service acts (a save, a summary, ...)."""
         done = self.progress.global_step
-        return any(service.next_stop(done) == done + steps for service in self.services)
+        return any(service.next_stop(done) == done + steps for service in self.acting["next_stop"])
 
     def file_unread(self, call: calls.PendingCall, traced: bool) -> calls.LoopResult:
         """Files a dispatched call before its results are read: its steps count, its check waits for `settle`.
@@ -233,12 +236,12 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         """Files a call's read results: notes a non-finite loss, then runs the services' `results_read`."""
         if result.nonfinite and self.nonfinite_step is None:
             self.nonfinite_step = self.progress.global_step
-        for service in self.services:
+        for service in self.acting["results_read"]:
             service.results_read(self, result)
 
     def before_call(self) -> None:
         """Runs the services' `before_call` (the profiler starts at its window)."""
-        for service in self.services:
+        for service in self.acting["before_call"]:
             service.before_call(self)
 
     def after_call(self, result: calls.LoopResult, *, read: bool = True) -> None:
@@ -256,7 +259,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         self.steps_kept_in_epoch += result.steps
         if read:
             self._read(result)
-        for service in self.services:
+        for service in self.acting["after_call"]:
             service.after_call(self, result)
 
     @property
@@ -285,7 +288,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
             self.steps_kept_in_epoch = 0
-        for service in self.services:
+        for service in self.acting["end_epoch"]:
             service.end_epoch(self, epoch_logs)
 
     def close(self) -> None:
@@ -293,7 +296,10 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
 
         Every service is closed even if one fails; the first error is raised after.
         """
-        close_all(self.services)
+        close_all(self.acting["close"])
+
+
+_HOOKS = ("next_stop", "before_call", "after_call", "results_read", "end_epoch", "validated", "close")
 
 
 def close_all(services: list[Service]) -> None:
