@@ -241,8 +241,7 @@ def requeue(*, timeout_s: float = REQUEUE_TIMEOUT_S) -> bool:
             problem = f"`scontrol` could not run ({error})"
     if problem is not None:
         message = f"tftrain: the SLURM job was not requeued: {problem}; resubmit it to resume from its last checkpoint."
-        warnings.warn(message, stacklevel=2)
-        _LOGGER.warning(message)
+        warnings.warn(message, stacklevel=2)  # one line: not also logged
         return False
     _LOGGER.info(
         "tftrain: requeued SLURM job %s (scontrol requeue %s); it resumes when it starts again.",
