@@ -639,7 +639,7 @@ class Trainer:
             TypeError, ValueError: a bad `export` or `verbose`.
         """
         arguments = preparation.FitArguments.named_in(locals())
-        return dry_run.run_check(self, arguments, export=export, export_to=self.export, verbose=verbose)
+        return dry_run.run_check(self, arguments, export=export, export_to=self.export)
 
     def save(self, filepath: str, *, overwrite: bool = True) -> None:
         """Saves the model with its optimizer state to a `.keras` file (as `model.save`).

@@ -40,8 +40,7 @@ import tensorflow as tf
 from tftrain.arguments import check_verbose
 from tftrain.errors import DryRunError
 from tftrain.fit_inputs import inputs
-from tftrain.fit_inputs.epoch_plan import EpochPlan
-from tftrain.loops import fit_loop, inference, preparation
+from tftrain.loops import inference, preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.state_copy import Sandbox
 
@@ -108,17 +107,13 @@ class DryRunReport:
         Raises:
             ValueError: `name` is not one of `STAGES`.
         """
-        for stage in self.stages:
-            if stage.name == name:
-                return stage
-        raise ValueError(
-            f"Invalid value for argument `name`. Received: name={name!r}. Expected one of {STAGES}."
-        )
+        if name not in STAGES:
+            raise ValueError(f"Invalid value for argument `name`. Received: name={name!r}. Expected one of {STAGES}.")
+        return next(stage for stage in self.stages if stage.name == name)
 
     def summary(self) -> str:
         """The report as text: each stage, its times or why it did not run, and the first error."""
-        failed = self.failed_stage
-        outcome = "ok" if failed is None else f"failed in its {failed.name!r} stage"
+        outcome = "ok" if self.ok else f"failed in its {self.failed_stage.name!r} stage"
         lines = [f"dry run ({self.engine}): {outcome}, {self.seconds:.2f} s in all"]
         for stage in self.stages:
             if stage.error is not None:
@@ -126,10 +121,8 @@ class DryRunReport:
             elif not stage.ran:
                 text = f"not run: {stage.detail}"
             else:
-                text = f"{stage.seconds:.3f} s"
-                if stage.steady_seconds is not None:
-                    text += f" (first call), {stage.steady_seconds:.3f} s (steady call)"
-                text += f": {stage.detail}" if stage.detail else ""
+                steady = "" if stage.steady_seconds is None else f" (first call), {stage.steady_seconds:.3f} s (steady call)"
+                text = f"{stage.seconds:.3f} s{steady}" + (f": {stage.detail}" if stage.detail else "")
             lines.append(f"  {stage.name:<10} {text}")
         return "\n".join(lines)
 
@@ -144,25 +137,15 @@ def check_export(export: Any) -> dict[str, Any] | None:
     Raises:
         TypeError: `export` is not a bool or a mapping of keyword arguments.
     """
-    if isinstance(export, bool):
-        return {} if export else None
-    if isinstance(export, Mapping) and all(isinstance(key, str) for key in export):
-        return dict(export)
-    raise TypeError(
-        f"Invalid value for argument `export`. Received: export={export!r}. Expected True (export "
-        "to a temporary directory, with `Trainer.export`'s defaults), False (no export), or a dict of "
-        'keyword arguments for `Trainer.export` (e.g. {"format": "tf_saved_model"}).'
-    )
+    if isinstance(export, bool) or isinstance(export, Mapping) and all(isinstance(key, str) for key in export):
+        return None if export is False else {} if export is True else dict(export)
+    raise TypeError(f"Invalid value for argument `export`. Received: export={export!r}. Expected True (export to a "
+                    "temporary directory, with `Trainer.export`'s defaults), False (no export), or a dict of keyword "
+                    'arguments for `Trainer.export` (e.g. {"format": "tf_saved_model"}).')
 
 
-def run_check(
-    owner: StepOwner,
-    fit_arguments: preparation.FitArguments,
-    *,
-    export_to: Callable[..., None],
-    export: Any = False,
-    verbose: int | str = "auto",
-) -> DryRunReport:
+def run_check(owner: StepOwner, fit_arguments: preparation.FitArguments, *, export_to: Callable[..., None],
+              export: Any = False) -> DryRunReport:  # fmt: skip
     """Runs the dry run of a `fit` call on `owner` and puts everything back.
 
     `Trainer.check` calls this with itself as `owner`; it documents what
@@ -170,12 +153,12 @@ def run_check(
 
     Args:
         owner: The owner of the steps.
-        fit_arguments: `fit`'s arguments.
+        fit_arguments: `fit`'s arguments; with `verbose` other than 0, the
+            report's summary is printed.
         export_to: Exports the model to a path, with keyword arguments
             (`Trainer.export`), where `export` asks for an export.
         export: `check`'s `export` (`check_export`): whether to export, or
             the keyword arguments of the export.
-        verbose: As `fit`'s: prints the report's summary unless 0.
 
     Returns:
         The `DryRunReport`, every stage passed.
@@ -184,73 +167,69 @@ def run_check(
         TypeError, ValueError: a bad `export` or `verbose` (before anything runs).
         DryRunError: a stage failed (its error chained).
     """
-    verbose, export_arguments = check_verbose(verbose), check_export(export)
+    verbose, export_arguments = check_verbose(fit_arguments.verbose), check_export(export)
     start, stages = time.perf_counter(), _Stages()
     try:
         with Sandbox(owner, "check") as sandbox:
             _run_stages(owner, fit_arguments, sandbox, stages)
             if export_arguments is None:
-                stages.skip("export", "not asked for (`export=True`)")
+                stages.file("export", "not asked for (`export=True`)", ran=False)
             else:  # quiet by default: Keras's message would name the temporary directory
                 stages.enter("export")
                 export_to(os.path.join(sandbox.directory, "export"), **{"verbose": False, **export_arguments})
-                stages.ran("export", "to a temporary directory")
+                stages.file("export", "to a temporary directory")
     except Exception as error:
         stages.fail(error)
     report = DryRunReport(owner.engines.options.name, stages.report(), time.perf_counter() - start)
     if verbose:
         print(report.summary())
     if stages.error is not None:
-        failed = report.failed_stage
-        raise DryRunError(
-            f"The dry run failed in its {failed.name!r} stage: {failed.error} (everything was put back "
-            "as it was: fix this and run `check` again).",
-            stage=failed.name,
-            report=report,
-        ) from stages.error
+        failed = report.stage(stages.current)
+        message = f"The dry run failed in its {failed.name!r} stage: {failed.error} (everything was put back as it was: "
+        raise DryRunError(message + "fix this and run `check` again).", stage=failed.name, report=report) from stages.error
     return report
 
 
 def _run_stages(owner: StepOwner, arguments: preparation.FitArguments, sandbox: Sandbox, stages: _Stages) -> None:
     """Runs the stages but the export in the sandbox, filing each with `stages`; raises the first stage's error."""
     call = preparation.fit_call(owner, arguments)
-    sandbox.copy.take()  # the variables the preparation built, at their initial values
-    stages.ran("prepare", "fit's arguments checked, inputs adapted, variables built")
-    if call.validation is None:
-        stages.skip("validate", "no validation data (`validation_data`, `validation_split`)")
+    stages.file("prepare", "fit's arguments checked, inputs adapted, variables built")
     # The budget: two epochs of one call (the first and the steady one), one batch per validation.
     steps = call.plan.steps_per_epoch = min(owner.engines.options.fixed_steps, call.plan.steps or math.inf)
     validation = call.validation and preparation.ValidationData(lambda: _one_batch(call.validation.plan), deferred=True)
-    budget = dataclasses.replace(
-        call, epochs=2, initial_epoch=0, total_steps=None, callbacks=[stages], verbose=0, verbosity=0, validation=validation,
-        validation_freq=1, validation_every_steps=None,
-    )  # fmt: skip
-    sandbox.run_with(model_dir=os.path.join(sandbox.directory, "run"))  # the run's services, writing there
+    budget = dataclasses.replace(call, epochs=2, initial_epoch=0, total_steps=None, callbacks=[stages], verbose=0,
+                                 verbosity=0, validation=validation, validation_freq=1, validation_every_steps=None)  # fmt: skip
+    if validation is None:
+        stages.file("validate", "no validation data (`validation_data`, `validation_split`)", ran=False)
     stages.enter("train", timed=False)
-    trace_s = sandbox.trace_training_step(call.plan)
-    fit_loop.run_fit(owner, budget)
-    stages.times["train"][0] += trace_s
-    stages.ran("train", f"{steps} step{'s' if steps > 1 else ''} per call of the training step", steady=True)
+    trace_s = sandbox.fit(budget, model_dir=os.path.join(sandbox.directory, "run"))  # the run's services write there
+    stages.times["train"][0] += trace_s  # the trace is the first call's
+    stages.file("train", f"{steps} step{'s' if steps > 1 else ''} per call of the training step")
     if validation is not None:
-        stages.ran("validate", "1 batch per call of the evaluation step", steady=True)
+        stages.file("validate", "1 batch per call of the evaluation step")
     stages.enter("checkpoint")
     save_s, restore_s = sandbox.round_trip()
-    stages.ran("checkpoint", f"saved in {save_s:.3f} s, restored in {restore_s:.3f} s, every variable back", save_s + restore_s)
+    stages.file("checkpoint", f"saved in {save_s:.3f} s, restored in {restore_s:.3f} s, every variable back", save_s + restore_s)
+    stages.enter("predict", timed=False)
     x, argument, batch_size = arguments.x, "x", arguments.batch_size
     if arguments.validation_data is not None:  # its inputs, as `predict` reads them
         x, argument = keras.utils.unpack_x_y_sample_weight(arguments.validation_data)[0], "validation_data"
         batch_size = arguments.validation_batch_size or batch_size
     if inputs.input_kind(x) == "generator":
-        return stages.skip("predict", f"`{argument}` is a generator, read once by then")
+        return stages.file("predict", f"`{argument}` is a generator, read once by then", ran=False)
     data = inputs.adapt(x, batch_size=batch_size, argument=argument)
-    if inputs.input_kind(x) != "arrays" and isinstance(data.dataset, tf.data.Dataset):
-        data = dataclasses.replace(data, dataset=data.dataset.map(_inputs_only))  # a batch's inputs alone
+    if inputs.input_kind(x) != "arrays" and isinstance(data.dataset, tf.data.Dataset):  # a batch's inputs alone
+        data = dataclasses.replace(data, dataset=data.dataset.map(lambda *batch: keras.utils.unpack_x_y_sample_weight(batch)[0]))
     plan = _one_batch(preparation.plan_of(owner, data))
-    stages.enter("predict", timed=False)
     for _ in range(2):  # the first call, and the steady one
         inference.run_prediction(owner, plan, inference.callback_list([stages], 0, plan, owner.model))
     plan.close()
-    stages.ran("predict", f"1 batch per call of the prediction step, on `{argument}`", steady=True)
+    stages.file("predict", f"1 batch per call of the prediction step, on `{argument}`")
+
+
+def _enters(name: str, *, timed: bool = True) -> Callable[..., None]:
+    """A hook of `_Stages`: the stage `name` runs from the hook on (timed: a call of it)."""
+    return lambda self, *args, **kwargs: self.enter(name, timed=timed)
 
 
 class _Stages(keras.callbacks.Callback):
@@ -258,15 +237,14 @@ class _Stages(keras.callbacks.Callback):
 
     Each stage's calls are timed from hook to hook: an epoch's training from
     its begin hook to its validation's (or its end hook), the validation to
-    its end hook; the services' epoch end (the best checkpoint, the
-    checkpoints) runs as the `"checkpoint"` stage.
+    its end hook, a prediction from its begin hook to its end hook; the
+    services' epoch end (the best checkpoint, the checkpoints) runs as the
+    `"checkpoint"` stage. A stage's second call is its steady one.
     """
 
     def __init__(self):
         super().__init__()
-        self.stages: dict[str, DryRunStage] = {}
-        self.times: dict[str, list[float]] = {}
-        self.error: Exception | None = None
+        self.stages, self.times, self.error = {}, {}, None  # name -> DryRunStage, name -> seconds of each call
         self.current, self._timed, self._start = "prepare", True, time.perf_counter()
 
     def enter(self, name: str, *, timed: bool = True) -> None:
@@ -276,79 +254,50 @@ class _Stages(keras.callbacks.Callback):
             self.times.setdefault(self.current, []).append(now - self._start)
         self.current, self._timed, self._start = name, timed, now
 
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self.enter("train")
+    on_epoch_begin = _enters("train")
+    on_test_begin = _enters("validate")
+    on_predict_begin = _enters("predict")
+    on_test_end = on_predict_end = _enters("train", timed=False)
+    on_epoch_end = on_train_end = _enters("checkpoint", timed=False)
 
-    def on_test_begin(self, logs: Any = None) -> None:
-        self.enter("validate")
-
-    def on_predict_begin(self, logs: Any = None) -> None:
-        self.enter("predict")
-
-    def on_test_end(self, logs: Any = None) -> None:
-        self.enter("train", timed=False)
-
-    on_predict_end = on_test_end
-
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self.enter("checkpoint")  # the services' epoch end
-
-    def on_train_end(self, logs: Any = None) -> None:
-        self.enter("checkpoint", timed=False)
-
-    def ran(self, name: str, detail: str, seconds: float | None = None, *, steady: bool = False) -> None:
-        """Files stage `name` as run: its first call's time (or `seconds`), and its second (`steady`)."""
+    def file(self, name: str, detail: str, seconds: float | None = None, *, ran: bool = True) -> None:
+        """Files stage `name`: run (its first call's time, or `seconds`, and its second, the steady call), or not."""
         self.enter(name, timed=False)
-        times = self.times.get(name, [None])
-        steady_s = times[1] if steady and len(times) > 1 else None
-        self.stages[name] = DryRunStage(name, True, seconds or times[0], steady_s, detail)
-
-    def skip(self, name: str, detail: str) -> None:
-        self.stages[name] = DryRunStage(name, False, detail=detail)
+        times = self.times.get(name, [None])  # none for a stage not run
+        self.stages[name] = DryRunStage(name, ran, seconds or times[0], times[1] if len(times) > 1 else None, detail)
 
     def fail(self, error: Exception) -> None:
         """Files the error of the stage running now."""
-        self.error, self.stages[self.current] = error, DryRunStage(
-            self.current, True, seconds=time.perf_counter() - self._start, error=_one_line(error)
-        )
+        seconds, self.error = time.perf_counter() - self._start, error
+        self.stages[self.current] = DryRunStage(self.current, True, seconds, error=_one_line(error))
 
     def report(self) -> tuple[DryRunStage, ...]:
         """Every stage in order: where one failed, those before it as far as they ran, none after it."""
-        if self.error is None:
-            return tuple(self.stages[name] for name in STAGES)
-        failed = self.current
-        stages = [self.stages.get(name) or DryRunStage(name, True, (self.times.get(name) or [None])[0]) for name in STAGES]
-        index = STAGES.index(failed)
-        return tuple(stages[: index + 1]) + tuple(
-            DryRunStage(name, False, detail=f"the {failed!r} stage failed") for name in STAGES[index + 1 :]
-        )
+        failed = STAGES.index(self.current) if self.error else len(STAGES)
+        return tuple(
+            self.stages.get(name) or DryRunStage(name, True, (self.times.get(name) or [None])[0]) if index <= failed
+            else DryRunStage(name, False, detail=f"the {self.current!r} stage failed") for index, name in enumerate(STAGES)
+        )  # fmt: skip
 
 
-def _one_batch(plan: EpochPlan) -> EpochPlan:
-    """`plan`, its passes cut to one batch (the dry run's budget of a validation or a prediction)."""
+def _one_batch(plan: Any) -> Any:
+    """`plan` (an `EpochPlan`), its passes cut to one batch (the dry run's budget of a validation or a prediction)."""
     plan.steps_per_epoch = 1
     return plan
 
 
-# First lines that only announce the message on the lines after them.
+# First lines that only announce the message on the lines after them, and lines after them that are not it.
 _PREAMBLES = ("Exception encountered when calling", "Graph execution error")
 _NOT_THE_MESSAGE = ("Detected at node", "Arguments received by")
-_ANSI_STYLE = re.compile(r"\x1b\[[0-9;]*m")  # Keras sets the message of a layer's error in bold
 
 
 def _one_line(error: BaseException) -> str:
     """`"TypeName: message"` on one line: the first line, and where it only announces the message (a Keras
     layer's or a graph's execution error), the first line of the message itself."""
-    lines = [line.rstrip() for line in _ANSI_STYLE.sub("", str(error)).splitlines() if line.strip()]
+    # Keras sets the message of a layer's error in bold (ANSI styles).
+    lines = [line.rstrip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines() if line.strip()]
     text = lines[0].strip() if lines else ""
-    if text.startswith(_PREAMBLES):
-        message = [
-            line for line in lines[1:] if not line[0].isspace() and not line.startswith(_NOT_THE_MESSAGE)
-        ]
-        text = f"{text} {message[0]}" if message else text
+    message = [line for line in lines[1:] if not line[0].isspace() and not line.startswith(_NOT_THE_MESSAGE)]
+    if text.startswith(_PREAMBLES) and message:
+        text = f"{text} {message[0]}"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _inputs_only(*batch: Any) -> Any:
-    """A batch's inputs (`x` of `(x, y, sample_weight)`), as Keras's `predict_step` unpacks them."""
-    return keras.utils.unpack_x_y_sample_weight(batch)[0]

@@ -31,18 +31,13 @@ import tensorflow as tf
 from tftrain.arguments import check_lr_sweep
 from tftrain.compat import keras_internals
 from tftrain.fit_inputs import inputs
-from tftrain.loops import fit_loop, preparation
+from tftrain.loops import preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.state_copy import Sandbox
 from tftrain.options import NonFinitePolicy
 from tftrain.services.protocol import Service
 
 __all__ = ["LearningRateSweep", "find_learning_rate", "learning_rates", "suggest"]
-
-PLOT_EXTRA_HINT = 'pip install "tftrain[plot]"'
-_SKIP_BEGIN = 10  # at most: the first points' slope says little (Lightning skips 10)
-_SKIP_END = 1  # the last point may be the one that diverged
-_MIN_POINTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,25 +86,16 @@ class LearningRateSweep:
             ImportError: matplotlib is not installed (the `plot` extra).
         """
         try:
-            import matplotlib  # noqa: F401
-        except ImportError as error:
-            raise ImportError(
-                f"LearningRateSweep.plot needs matplotlib, which is not installed ({error}). Install "
-                f"the plot extra: {PLOT_EXTRA_HINT}"
-            ) from None
-        if ax is None:
             import matplotlib.pyplot as plt
-
-            _, ax = plt.subplots()
+        except ImportError as error:
+            raise ImportError(f"LearningRateSweep.plot needs matplotlib, which is not installed ({error}). Install the "
+                              'plot extra: pip install "tftrain[plot]"') from None
+        ax = plt.subplots()[1] if ax is None else ax
         ax.plot(self.learning_rates, self.losses, alpha=0.35, label="loss")
         ax.plot(self.learning_rates, self.smoothed_losses, label="smoothed loss")
         if show_suggestion and self.suggestion is not None:
-            ax.axvline(
-                self.suggestion, color="red", linestyle="--", label=f"suggestion {self.suggestion:.3g}"
-            )
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel("loss")
+            ax.axvline(self.suggestion, color="red", linestyle="--", label=f"suggestion {self.suggestion:.3g}")
+        ax.set(xscale="log", xlabel="learning rate", ylabel="loss")
         ax.legend()
         return ax
 
@@ -134,22 +120,19 @@ def suggest(rates: list[float], smoothed: list[float]) -> tuple[float | None, st
         `(suggestion, None)`, or `(None, reason)` with too few finite points
         or where the smoothed loss never falls.
     """
-    count = len(smoothed)
-    skip_begin = min(_SKIP_BEGIN, count // 10)
-    kept = [i for i in range(skip_begin, count - _SKIP_END) if math.isfinite(smoothed[i])]
-    if len(kept) < _MIN_POINTS:
-        return None, (
-            f"too few points: {count} steps ran, {len(kept)} left after skipping the first {skip_begin}, "
-            f"the last {_SKIP_END} and any non-finite loss (at least {_MIN_POINTS} are needed). Run more "
-            "steps, or lower `min_lr` if the loss diverged at once."
-        )
+    # Skipped: the first points (at most 10, as Lightning: their slope says little) and the last (it may have
+    # diverged); at least 3 must be left.
+    count, skip_begin = len(smoothed), min(10, len(smoothed) // 10)
+    kept = [i for i in range(skip_begin, count - 1) if math.isfinite(smoothed[i])]
+    if len(kept) < 3:
+        return None, (f"too few points: {count} steps ran, {len(kept)} left after skipping the first {skip_begin}, "
+                      "the last 1 and any non-finite loss (at least 3 are needed). Run more steps, or lower `min_lr` "
+                      "if the loss diverged at once.")  # fmt: skip
     slopes = np.gradient(np.array([smoothed[i] for i in kept]), np.log([rates[i] for i in kept]))
     steepest = int(np.argmin(slopes))
     if not slopes[steepest] < 0:
-        return None, (
-            "the smoothed loss never fell between "
-            f"{rates[kept[0]]:.3g} and {rates[kept[-1]]:.3g}. Sweep lower learning rates (`min_lr`)."
-        )
+        return None, (f"the smoothed loss never fell between {rates[kept[0]]:.3g} and {rates[kept[-1]]:.3g}. Sweep "
+                      "lower learning rates (`min_lr`).")  # fmt: skip
     return rates[kept[steepest]], None
 
 
@@ -161,11 +144,9 @@ class _Sweep(Service):
 
     def __init__(self, owner: StepOwner, rates: list[float], smoothing: float, stop_factor: float, monitor: str):
         self.owner, self.rates, self.smoothing, self.stop_factor, self.monitor = owner, rates, smoothing, stop_factor, monitor
-        self.losses: list[float] = []
-        self.smoothed: list[float] = []
-        self.stop_reason: str | None = None
-        self.learning_rate: Any = None  # the variable the steps read (`_learning_rate_variable`)
-        self._average = 0.0
+        self.losses, self.smoothed, self.stop_reason, self._average = [], [], None, 0.0
+        with owner.engines.strategy.scope():  # what the steps read their learning rate from (`find_learning_rate`)
+            self.learning_rate = keras.Variable(0.0, trainable=False, aggregation="only_first_replica")
 
     def next_stop(self, step: int) -> int:
         return step + 1  # one step per call, at its own learning rate
@@ -175,8 +156,11 @@ class _Sweep(Service):
         self.owner.reset_metrics()  # the `loss` log of Keras's step is a mean since the last reset: this step's alone
 
     def after_call(self, run: Any, result: Any) -> None:
-        index, lowest = len(self.losses), min(self.smoothed, default=math.inf)
-        loss, rate = _loss_of(result.logs, self.monitor), self.rates[index]
+        index, lowest, logs = len(self.losses), min(self.smoothed, default=math.inf), result.logs or {}
+        if self.monitor not in logs:  # a step returns a dict of logs (`tftrain.engine.step_outputs`)
+            raise ValueError(f"Invalid value for argument `monitor`. Received: monitor={self.monitor!r}, but the training "
+                             f"step returned the logs {sorted(logs)}. Expected the name of the step's loss log.")
+        loss, rate = float(np.mean(np.asarray(logs[self.monitor], dtype=np.float64))), self.rates[index]
         self._average = self.smoothing * self._average + (1 - self.smoothing) * loss
         value = self._average / (1 - self.smoothing ** (index + 1))  # bias-corrected
         self.losses.append(loss)
@@ -185,67 +169,21 @@ class _Sweep(Service):
             self.stop_reason = f"the loss was not finite ({loss}) at learning rate {rate:.3g}"
         # `stop_factor` times the lowest smoothed loss, for a positive loss; above it by as much in general.
         elif value - lowest > (self.stop_factor - 1) * abs(lowest):
-            self.stop_reason = (
-                f"the smoothed loss ({value:.4g}) rose above {self.stop_factor:g} times its lowest "
-                f"({lowest:.4g}) at learning rate {rate:.3g}"
-            )
+            self.stop_reason = (f"the smoothed loss ({value:.4g}) rose above {self.stop_factor:g} times its lowest "
+                                f"({lowest:.4g}) at learning rate {rate:.3g}")  # fmt: skip
         self.owner.model.stop_training = self.stop_reason is not None
 
     def result(self) -> LearningRateSweep:
         if self.stop_reason is None and len(self.losses) < len(self.rates):
             self.stop_reason = f"the data ended after {len(self.losses)} steps (a generator is read once)"
         suggestion, no_suggestion_reason = suggest(self.rates, self.smoothed)
-        return LearningRateSweep(
-            self.rates[: len(self.losses)], self.losses, self.smoothed, suggestion, self.stop_reason is not None,
-            self.stop_reason, no_suggestion_reason,
-        )  # fmt: skip
+        return LearningRateSweep(self.rates[: len(self.losses)], self.losses, self.smoothed, suggestion,
+                                 self.stop_reason is not None, self.stop_reason, no_suggestion_reason)  # fmt: skip
 
 
-def _loss_of(logs: Any, monitor: str) -> float:
-    if not isinstance(logs, dict) or monitor not in logs:
-        keys = sorted(logs) if isinstance(logs, dict) else type(logs).__name__
-        raise ValueError(
-            f"Invalid value for argument `monitor`. Received: monitor={monitor!r}, but the training step "
-            f"returned the logs {keys}. Expected the name of the step's loss log."
-        )
-    return float(np.mean(np.asarray(logs[monitor], dtype=np.float64)))
-
-
-def _learning_rate_variable(owner: StepOwner, sandbox: Sandbox) -> Any:
-    """The variable the sweep's steps read their learning rate from.
-
-    A learning rate held in a variable (a float given to the optimizer) is
-    that variable (put back with the state); a `LearningRateSchedule` (or a
-    callable) is replaced by a variable for the sweep, and put back after it.
-    """
-    optimizer, strategy = owner.model.optimizer, owner.engines.strategy
-    original = keras_internals.learning_rate_object(optimizer)
-    if isinstance(original, keras.Variable | tf.Variable):
-        return original
-    with strategy.scope():
-        variable = keras.Variable(
-            0.0, dtype=keras.config.floatx(), trainable=False, name="lr_sweep_learning_rate",
-            aggregation="only_first_replica",
-        )  # fmt: skip
-    # As a callable learning rate: a variable there Keras takes for the optimizer's own.
-    keras_internals.set_learning_rate_object(optimizer, lambda: variable)
-    sandbox.on_exit(keras_internals.set_learning_rate_object, optimizer, original)
-    return variable
-
-
-def find_learning_rate(
-    owner: StepOwner,
-    x: Any,
-    y: Any = None,
-    *,
-    batch_size: int | None = None,
-    min_lr: float = 1e-7,
-    max_lr: float = 10.0,
-    steps: int = 100,
-    smoothing: float = 0.98,
-    stop_factor: float = 4.0,
-    monitor: str = "loss",
-) -> LearningRateSweep:
+def find_learning_rate(owner: StepOwner, x: Any, y: Any = None, *, batch_size: int | None = None, min_lr: float = 1e-7,
+                       max_lr: float = 10.0, steps: int = 100, smoothing: float = 0.98, stop_factor: float = 4.0,
+                       monitor: str = "loss") -> LearningRateSweep:  # fmt: skip
     """Runs the range test on `owner`'s training step and puts its state back.
 
     `Trainer.find_learning_rate(x, y, ...)` calls this with itself as
@@ -255,24 +193,23 @@ def find_learning_rate(
         A `LearningRateSweep`.
     """
     check_lr_sweep(min_lr, max_lr, steps, smoothing, stop_factor)
-    preparation.check_step(owner, "train")
-    if getattr(owner.model, "optimizer", None) is None:
-        raise ValueError(
-            "find_learning_rate sweeps the learning rate of the model's optimizer, but the model has none. "
-            "Expected `optimizer=` given to `tftrain.Trainer(...)` or `model.compile(optimizer=...)`."
-        )
+    optimizer = getattr(owner.model, "optimizer", None)
+    if optimizer is None:
+        raise ValueError("find_learning_rate sweeps the learning rate of the model's optimizer, but the model has none. "
+                         "Expected `optimizer=` given to `tftrain.Trainer(...)` or `model.compile(optimizer=...)`.")
     sweep = _Sweep(owner, learning_rates(min_lr, max_lr, steps), smoothing, stop_factor, monitor)
+    # The data read in order: `steps` batches, cycled where it ends (a generator, read once, is not).
+    kind = inputs.input_kind(x)
+    if kind == "dataset" and x.cardinality() == tf.data.UNKNOWN_CARDINALITY:
+        x = x.repeat()  # of unknown length: cycled by tf.data (an empty one still ends)
+    budget = {"steps_per_epoch" if kind == "generator" else "total_steps": steps}
     with Sandbox(owner, "find_learning_rate") as sandbox:
-        # No model_dir, no NaN guard (the sweep stops at a non-finite loss), no service but the sweep.
-        sandbox.run_with(model_dir=None)
+        # No NaN guard (the sweep stops at a non-finite loss), no service but the sweep, no model_dir.
         sandbox.set_aside(owner, services=(sweep,), nonfinite_policy=NonFinitePolicy(terminate_on_nan=False))
-        sweep.learning_rate = _learning_rate_variable(owner, sandbox)
-        # The data read in order: `steps` batches, cycled where it ends (a generator, read once, is not).
-        kind = inputs.input_kind(x)
-        if kind == "dataset" and x.cardinality() == tf.data.UNKNOWN_CARDINALITY:
-            x = x.repeat()  # of unknown length: cycled by tf.data (an empty one still ends)
-        budget = {"steps_per_epoch" if kind == "generator" else "total_steps": steps}
-        call = preparation.fit_call(owner, preparation.FitArguments(x, y, batch_size, shuffle=False, verbose=0, **budget))
-        sandbox.trace_training_step(call.plan)
-        fit_loop.run_fit(owner, call)
+        # The steps read the sweep's variable, as a callable learning rate (Keras would take a variable for the
+        # optimizer's own); the optimizer's learning rate (a variable, a schedule, a callable) is put back after.
+        sandbox.on_exit(keras_internals.set_learning_rate_object, optimizer, keras_internals.learning_rate_object(optimizer))
+        keras_internals.set_learning_rate_object(optimizer, lambda: sweep.learning_rate)
+        arguments = preparation.FitArguments(x, y, batch_size, shuffle=False, verbose=0, **budget)
+        sandbox.fit(preparation.fit_call(owner, arguments), model_dir=None)
     return sweep.result()

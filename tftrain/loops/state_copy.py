@@ -33,8 +33,9 @@ import tensorflow as tf
 from tftrain.checkpoint.checkpointer import Checkpointer
 from tftrain.checkpoint.state import Progress, training_state
 from tftrain.compat import keras_internals
-from tftrain.fit_inputs.epoch_plan import EpochPlan
+from tftrain.loops import fit_loop
 from tftrain.loops.owner import StepOwner
+from tftrain.loops.preparation import FitCall
 
 __all__ = ["Sandbox", "StateCopy"]
 
@@ -138,25 +139,28 @@ class Sandbox:
         stack.enter_context(owner.engines.fresh_cache())
         return self
 
-    def trace_training_step(self, plan: EpochPlan) -> float:
-        """Traces the training step before the side run, and copies the variables it made; returns its seconds."""
-        start = time.perf_counter()
-        runner = self._owner.engines.runner("train")
-        if hasattr(runner.step, "get_concrete_function"):
-            runner.step.get_concrete_function(plan.next_iterator().element_spec)
-        self.copy.take()  # the variables the trace made, at their initial values
-        return time.perf_counter() - start
+    def fit(self, call: FitCall, **run_options: Any) -> float:
+        """Runs the fit loop on `call`, its training step traced first; returns the seconds of the trace.
 
-    def run_with(self, **changes: Any) -> None:
-        """Sets the owner's run options for the side run: `changes`, and nothing that reaches past the side run.
-
-        No profiler window, signal handler, requeue, `resume_from` or FLOPs count: put back on exit.
+        The owner's run options for the side run are `run_options` and
+        nothing that reaches past it: no profiler window, signal handler,
+        requeue, `resume_from` or FLOPs count (put back on exit). The
+        variables the preparation and the trace made are copied at their
+        initial values.
         """
-        options = self._owner.run_options
-        self.set_aside(self._owner, run_options=dataclasses.replace(
-            options, profile_steps=None, preemption_signals=(), slurm_requeue=False, resume_from=None,
-            count_flops=False, **changes,
+        owner = self._owner
+        self.set_aside(owner, run_options=dataclasses.replace(
+            owner.run_options, profile_steps=None, preemption_signals=(), slurm_requeue=False, resume_from=None,
+            count_flops=False, **run_options,
         ))  # fmt: skip
+        self.copy.take()  # the variables the preparation built (were the trace to fail)
+        start, runner = time.perf_counter(), owner.engines.runner("train")
+        if hasattr(runner.step, "get_concrete_function"):
+            runner.step.get_concrete_function(call.plan.next_iterator().element_spec)
+        self.copy.take()  # and those the trace made
+        trace_s = time.perf_counter() - start
+        fit_loop.run_fit(owner, call)
+        return trace_s
 
     def round_trip(self) -> tuple[float, float]:
         """Saves the training state to a checkpoint in `directory` and restores it; returns both times.
