@@ -36,11 +36,24 @@ def recorded(directory: str) -> list[str] | None:
     return list(state.all_model_checkpoint_paths) if state else []
 
 
+# What a one-line error leaves out: a TensorFlow op prefix, ANSI styles (Keras sets a layer's message in bold).
+_NOISE = re.compile(r"^\{\{[^}]*\}\}\s*|\x1b\[[0-9;]*m")
+# First lines that only announce the message on the lines after them, and lines after them that are not it.
+_PREAMBLES = ("Exception encountered when calling", "Graph execution error")
+_NOT_THE_MESSAGE = ("Detected at node", "Arguments received by")
+
+
 def error_line(error: BaseException) -> str:
-    """A write's error in one line: its type and the first line of its message (no TensorFlow op prefix)."""
+    """An error in one line: its type and the first line of its message (no TensorFlow op prefix, no styles).
+
+    Where that line only announces the message (a Keras layer's error, a
+    graph's execution error), the first line of the message itself follows it.
+    """
     message = error.message if isinstance(error, tf.errors.OpError) else str(error)
-    lines = re.sub(r"^\{\{[^}]*\}\}\s*", "", message.strip()).splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    lines = [line.rstrip() for line in _NOISE.sub("", message.strip()).splitlines() if line.strip()] or [""]
+    rest = [line for line in lines[1:] if not line[0].isspace() and not line.startswith(_NOT_THE_MESSAGE)]
+    text = f"{lines[0]} {rest[0]}" if lines[0].startswith(_PREAMBLES) and rest else lines[0]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def rerun_resumes(kept: str | None) -> str:

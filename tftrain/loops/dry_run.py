@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,6 +37,7 @@ import keras
 import tensorflow as tf
 
 from tftrain.arguments import check_verbose
+from tftrain.checkpoint.files import error_line
 from tftrain.errors import DryRunError
 from tftrain.fit_inputs import inputs
 from tftrain.loops import inference, preparation
@@ -269,7 +269,7 @@ class _Stages(keras.callbacks.Callback):
     def fail(self, error: Exception) -> None:
         """Files the error of the stage running now."""
         seconds, self.error = time.perf_counter() - self._start, error
-        self.stages[self.current] = DryRunStage(self.current, True, seconds, error=_one_line(error))
+        self.stages[self.current] = DryRunStage(self.current, True, seconds, error=error_line(error))
 
     def report(self) -> tuple[DryRunStage, ...]:
         """Every stage in order: where one failed, those before it as far as they ran, none after it."""
@@ -284,20 +284,3 @@ def _one_batch(plan: Any) -> Any:
     """`plan` (an `EpochPlan`), its passes cut to one batch (the dry run's budget of a validation or a prediction)."""
     plan.steps_per_epoch = 1
     return plan
-
-
-# First lines that only announce the message on the lines after them, and lines after them that are not it.
-_PREAMBLES = ("Exception encountered when calling", "Graph execution error")
-_NOT_THE_MESSAGE = ("Detected at node", "Arguments received by")
-
-
-def _one_line(error: BaseException) -> str:
-    """`"TypeName: message"` on one line: the first line, and where it only announces the message (a Keras
-    layer's or a graph's execution error), the first line of the message itself."""
-    # Keras sets the message of a layer's error in bold (ANSI styles).
-    lines = [line.rstrip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines() if line.strip()]
-    text = lines[0].strip() if lines else ""
-    message = [line for line in lines[1:] if not line[0].isspace() and not line.startswith(_NOT_THE_MESSAGE)]
-    if text.startswith(_PREAMBLES) and message:
-        text = f"{text} {message[0]}"
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
