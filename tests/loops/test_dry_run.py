@@ -14,6 +14,7 @@ from helpers import TWO_CPU_MIRRORED_SETUP, compile_args, make_mlp, run_result_s
 from test_lr_sweep import HandWritten as SweptTrainer  # a sibling test module: its custom-loop Trainer
 
 import tftrain
+from tftrain.checkpoint.files import error_line
 from tftrain.loops import dry_run
 
 STAGES_WITH_CALLS = ("train", "validate", "predict")
@@ -316,6 +317,24 @@ def test_a_restore_that_misses_variables_is_named_checkpoint(tiny_dataset, monke
         trainer.check(tiny_dataset, verbose=0)
 
     assert_same(before, trainer_state(trainer))
+
+
+def test_an_error_is_named_in_one_line():
+    """What the report and `DryRunError` name: a layer's message past Keras's preamble, no op prefix or styles."""
+
+    class Broken(keras.layers.Layer):
+        def call(self, x):
+            raise ValueError("the layer has a bug")
+
+    with pytest.raises(ValueError) as layer_error:
+        Broken()(np.zeros((2, 3), "float32"))
+    with pytest.raises(tf.errors.InvalidArgumentError) as op_error:
+        tf.function(lambda x: tf.gather(x, 5))(tf.zeros(3))
+    layer_line, op_line = error_line(layer_error.value), error_line(op_error.value)
+    assert layer_line.startswith("ValueError: Exception encountered when calling Broken")
+    assert layer_line.endswith(" the layer has a bug") and "\x1b" not in layer_line
+    assert op_line.startswith("InvalidArgumentError: ") and op_line.endswith("is not in [0, 3)")
+    assert "{{" not in op_line and "\n" not in op_line + layer_line
 
 
 def test_a_bad_argument_is_named_prepare(tiny_data):
