@@ -38,6 +38,7 @@ import keras
 import tensorflow as tf
 
 from tftrain.arguments import check_verbose
+from tftrain.checkpoint.state import CallTarget
 from tftrain.errors import DryRunError
 from tftrain.fit_inputs import inputs
 from tftrain.fit_inputs.epoch_plan import EpochPlan
@@ -222,7 +223,7 @@ def _run_stages(owner: StepOwner, arguments: preparation.FitArguments, sandbox: 
     steps = call.plan.steps_per_epoch = min(owner.engines.options.fixed_steps, call.plan.steps or math.inf)
     validation = call.validation and preparation.ValidationData(lambda: _one_batch(call.validation.plan), deferred=True)
     budget = dataclasses.replace(
-        call, epochs=2, initial_epoch=0, total_steps=None, callbacks=[stages], verbose=0, verbosity=0, validation=validation,
+        call, target=CallTarget(epochs=2), initial_epoch=0, callbacks=[stages], verbose=0, verbosity=0, validation=validation,
         validation_freq=1, validation_every_steps=None,
     )  # fmt: skip
     sandbox.run_with(model_dir=os.path.join(sandbox.directory, "run"))  # the run's services, writing there
