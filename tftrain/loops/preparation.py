@@ -152,7 +152,9 @@ def build(owner: StepOwner, dataset: tf.data.Dataset) -> None:
 
     def build_variables() -> None:
         default = model_step and model_setup.uses_default_step(owner.model, "train_step")
-        model_setup.build_variables(owner.model, dataset, owner.engines.strategy, default_train_step=default)
+        engines = owner.engines
+        model_setup.build_variables(owner.model, dataset, engines.strategy, default_train_step=default,
+                                    checked=engines.in_scope)  # fmt: skip
 
     _once(owner, ("build", model_step, dataset.element_spec), build_variables, build=True)
 
