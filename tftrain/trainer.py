@@ -256,7 +256,7 @@ class Trainer:
         self.measure_timing = bool(measure_timing)
         self.ema_decay = ema.check_decay(ema_decay)
         self.mixed_precision = precision.check_policy(mixed_precision)
-        model_setup.prepare_model(
+        in_scope = model_setup.prepare_model(
             model,
             self.strategy,
             optimizer=optimizer,
@@ -276,7 +276,7 @@ class Trainer:
             self.options,
             self.strategy,
             self._global_step,
-            nonfinite_policy=self.nonfinite_policy,
+            nonfinite_policy=self.nonfinite_policy, in_scope=in_scope,  # the variables `prepare_model` checked
             model=self.model,  # its step functions reset: `compile`, a callback (`Timing`)
         )
         self.timing: timing.TimingReport | None = None

@@ -1,4 +1,4 @@
-"""What a checkpoint holds of a run: the services' states under `SERVICE_STATES`, also read where older checkpoints hold them."""
+"""What a checkpoint holds of a run: the services' states under `SERVICE_STATES` (also where older checkpoints hold them), the call's target."""
 
 import json
 
@@ -8,7 +8,13 @@ from helpers import make_mlp
 
 import tftrain
 from tftrain.checkpoint import Checkpointer
-from tftrain.checkpoint.state import SERVICE_STATES, SERVICE_STATES_KEY, saved_service_states
+from tftrain.checkpoint.state import (
+    SERVICE_STATES,
+    SERVICE_STATES_KEY,
+    CallTarget,
+    Progress,
+    saved_service_states,
+)
 from tftrain.services import Service
 
 OLD_KEY = "timing/.ATTRIBUTES/VARIABLE_VALUE"  # where earlier tftrain versions saved the services' states
@@ -97,3 +103,20 @@ def test_a_checkpoint_holding_the_services_states_under_timing_resumes_with_them
     again = latest(tmp_path / "old")
     assert saved_service_states(again)["counter"] == {"calls": 10}
     assert again.has_tensor(SERVICE_STATES_KEY)
+
+
+def test_a_call_target_records_itself_and_counts_the_epochs_left_from_a_progress(tmp_path):
+    assert CallTarget(3).record() == {"epochs": 3, "total_steps": None}
+    budget = CallTarget(epochs=5, total_steps=20)  # 8 steps an epoch
+    assert budget.planned_steps(8) == 20 and CallTarget(3).planned_steps(8) == 24 and CallTarget(3).planned_steps(None) is None
+    assert budget.end_epoch(Progress(epoch=1, step_in_epoch=3, global_step=11), 8, resumed=False) == 5
+    assert budget.end_epoch(Progress(epoch=1, step_in_epoch=3, global_step=11), 8, resumed=True) == 3  # 5 + 4 steps
+    assert budget.end_epoch(Progress(epoch=2, global_step=16), 8, resumed=True) == 3
+    assert budget.end_epoch(Progress(epoch=2, global_step=20), 8, resumed=True) == 2  # reached: nothing to train
+    assert budget.reached_message(Progress(epoch=2, global_step=20)) == ("total_steps=20", "total_steps > 20")
+    assert CallTarget(2).reached_message(Progress(epoch=2)) == ("epochs=2", "epochs > 2")
+    # The run record of a fit holds the target's fields under the target's names.
+    trainer = tftrain.Trainer(make_mlp(), "sgd", "mse", model_dir=str(tmp_path))
+    trainer.fit(np.zeros((8, 6), "float32"), np.zeros((8, 3), "float32"), batch_size=4, total_steps=3, verbose=0)
+    record = json.loads((tmp_path / "run_record.json").read_text())["record"]
+    assert {key: record[key] for key in CallTarget(0).record()} == {"epochs": 2, "total_steps": 3}

@@ -46,6 +46,14 @@ def test_a_model_built_in_a_scope_trains_under_that_strategy(one_device_mirrored
         tftrain.Trainer(model, strategy=tf.distribute.get_strategy())
 
 
+def test_a_model_built_outside_the_scope_after_the_trainer_was_made_is_refused_at_fit(one_device_mirrored):
+    model = keras.Sequential([keras.layers.Dense(1)])
+    trainer = tftrain.Trainer(model, "sgd", "mse", strategy=one_device_mirrored)  # nothing to check yet
+    model.build((None, 2))  # outside the scope, after the Trainer checked the model
+    with pytest.raises(ValueError, match="was not created in the scope"):
+        trainer.fit(np.zeros((4, 2), "float32"), np.zeros((4, 1), "float32"), batch_size=2, verbose=0)
+
+
 def test_an_unused_optimizer_made_outside_the_scope_is_recreated_inside(one_device_mirrored):
     with one_device_mirrored.scope():
         model = make_mlp()

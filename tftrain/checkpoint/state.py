@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -18,6 +19,7 @@ from tftrain.checkpoint.validation import VARIABLE_SUFFIX, check_compatible, ope
 from tftrain.errors import CorruptCheckpointError
 
 __all__ = [
+    "CallTarget",
     "SERVICE_STATES",
     "SERVICE_STATES_KEY",
     "Progress",
@@ -94,6 +96,58 @@ class Progress:
         """A checkpoint's progress, read without restoring anything (a field it lacks reads 0)."""
         keys = {f.name: cls.key(f.name) for f in dataclasses.fields(cls)}
         return cls(**{field: int(reader.get_tensor(key)) for field, key in keys.items() if reader.has_tensor(key)})
+
+
+@dataclasses.dataclass(frozen=True)
+class CallTarget:
+    """What a `fit` call trains to: `epochs`, or a step budget `total_steps`; saved in the run record.
+
+    The target is not a variable of the checkpoint: a resume compares it as
+    part of the run record (`tftrain.checkpoint.run_record`), where
+    `record()` puts it, and takes a new one.
+
+    Attributes:
+        epochs: The epoch to train up to (exclusive), as `fit`'s `epochs`
+            (with `total_steps`, the epochs the budget spans from the start).
+        total_steps: The step budget, or None.
+    """
+
+    epochs: int
+    total_steps: int | None = None
+
+    def record(self) -> dict[str, int | None]:
+        """The target's fields in the run record, by name."""
+        return {"epochs": self.epochs, "total_steps": self.total_steps}
+
+    def end_epoch(self, progress: Progress, steps_per_epoch: int | None, *, resumed: bool) -> int:
+        """The epoch (exclusive) at which the call reaches its target, from `progress`.
+
+        With `epochs`, that is `epochs`. A step budget counts steps, not
+        epochs: a resumed run trains the steps left to `total_steps` (none if
+        it is reached), so a rerun finishes the budget and a larger one
+        extends it, whatever epoch the restored progress is in.
+        """
+        if self.total_steps is None or not resumed:
+            return self.epochs
+        remaining = self.total_steps - progress.global_step
+        if remaining <= 0:
+            return progress.epoch
+        per_epoch = steps_per_epoch or self.total_steps
+        left_in_epoch = per_epoch - progress.step_in_epoch if progress.step_in_epoch else 0
+        more_epochs = math.ceil(max(0, remaining - left_in_epoch) / per_epoch)
+        return progress.epoch + (1 if left_in_epoch else 0) + more_epochs
+
+    def planned_steps(self, steps_per_epoch: int | None) -> int | None:
+        """The steps the call trains from the start, where known."""
+        if self.total_steps is not None:
+            return self.total_steps
+        return self.epochs * steps_per_epoch if steps_per_epoch else None
+
+    def reached_message(self, progress: Progress) -> tuple[str, str]:
+        """The target as the user wrote it, and the larger target that would train on from `progress`."""
+        if self.total_steps is not None:
+            return f"total_steps={self.total_steps}", f"total_steps > {progress.global_step}"
+        return f"epochs={self.epochs}", f"epochs > {progress.epoch}"
 
 
 def seed_generator_states(model: keras.Model) -> list[keras.Variable]:

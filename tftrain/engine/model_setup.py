@@ -96,7 +96,8 @@ def check_data(
     fit_checks.check_batched_for_model(model, spec, argument)
     if default_step:
         fit_checks.check_targets(model, spec, argument)
-    strategy_checks.check_global_batch(spec, strategy, argument)
+    if strategy.num_replicas_in_sync > 1:  # one replica takes any batch
+        strategy_checks.check_global_batch(spec, strategy, argument)
 
 
 def build_variables(
@@ -105,6 +106,7 @@ def build_variables(
     strategy: tf.distribute.Strategy,
     *,
     default_train_step: bool,
+    checked: frozenset[int] = frozenset(),
 ) -> None:
     """Creates the model's, metrics' and optimizer's variables before the first trace.
 
@@ -113,17 +115,30 @@ def build_variables(
     models with default steps and dense inputs; otherwise the optimizer is
     built if it can be (and the first trace creates the rest).
 
+    The variables it creates, in `strategy`'s scope, belong to it; the
+    model's are checked (`check_model_in_scope`) where one that existed
+    before is not among `checked` (those `prepare_model` checked).
+
     Raises:
         ValueError: the model's variables do not belong to `strategy`.
     """
     spec: Any = inputs.optionals_to_none(dataset.element_spec)
     dense = all(type(leaf) is tf.TensorSpec for leaf in tf.nest.flatten(spec))
+    unchecked = checked_variables(model) - checked
     with strategy.scope():
         if default_train_step and model.compiled and dense:
             keras_internals.symbolic_build(model, spec)
         elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-    strategy_checks.check_model_in_scope(model, strategy)
+    if unchecked:
+        strategy_checks.check_model_in_scope(model, strategy)
+
+
+def checked_variables(model: keras.Model) -> frozenset[int]:
+    """The ids of the variables `check_model_in_scope` checks: the model's, and its optimizer's once built."""
+    optimizer = getattr(model, "optimizer", None)
+    slots = optimizer.variables if optimizer is not None and getattr(optimizer, "built", False) else []
+    return frozenset(map(id, [*(model.variables if model.built else []), *slots]))
 
 
 def resolve_jit_compile(
@@ -172,7 +187,7 @@ def prepare_model(
     loss: Any = None,
     metrics: Any = None,
     mixed_precision: str | None = None,
-) -> None:
+) -> frozenset[int]:
     """Readies a model for the Trainer under `strategy`: its dtype policy, `compile`, and an optimizer of the strategy.
 
     The model is compiled with `optimizer`, `loss` and `metrics` if any is
@@ -180,9 +195,14 @@ def prepare_model(
     strategy's scope that holds no state yet is recreated in it; with
     `"mixed_float16"` the optimizer is wrapped in a `LossScaleOptimizer`.
 
+    Returns:
+        The ids of the variables checked (`checked_variables`): a fit's
+        `build_variables` checks none of them again.
+
     Raises:
         ValueError: the model's variables do not belong to `strategy`.
     """
+    checked = checked_variables(model)
     strategy_checks.check_model_in_scope(model, strategy)
     with strategy.scope():  # a LossScaleOptimizer creates variables
         precision.apply_policy(model, mixed_precision)
@@ -192,3 +212,4 @@ def prepare_model(
         elif getattr(model, "optimizer", None) is not None:
             model.optimizer = strategy_checks.adopt_optimizer(model.optimizer, strategy)
         precision.wrap_model_optimizer(model, mixed_precision)
+    return checked

@@ -471,6 +471,7 @@ def make_runner(
     collect: bool = False,
     step_counter: tf.Variable | None = None,
     autograph: bool = False,
+    single_device: bool | None = None,
 ) -> StepRunner:
     """Builds the engine for one step function.
 
@@ -496,6 +497,8 @@ def make_runner(
             once, here. The library's own code around it never is (every
             `tf.function` of the engine has `autograph=False`, as Keras marks
             its step and loop functions `do_not_convert`).
+        single_device: Whether `strategy` is the default strategy, where the
+            caller resolved it once (`Engines.default_strategy`); None: asked here.
 
     Returns:
         A `StepRunner`.
@@ -522,7 +525,8 @@ def make_runner(
             single_step=single_step,
         )  # fmt: skip
 
-    single_device = distribute.is_default_strategy(strategy)
+    if single_device is None:
+        single_device = distribute.is_default_strategy(strategy)
     if single_device:
         step = counter.wrap(step_fn if step_counter is None else _counted(step_fn, step_counter))
         if not options.use_tf_function:

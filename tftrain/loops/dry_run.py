@@ -37,7 +37,7 @@ import keras
 import tensorflow as tf
 
 from tftrain.arguments import check_verbose
-from tftrain.checkpoint.files import error_line
+from tftrain.checkpoint import files, state
 from tftrain.errors import DryRunError
 from tftrain.fit_inputs import inputs
 from tftrain.loops import inference, preparation
@@ -197,7 +197,7 @@ def _run_stages(owner: StepOwner, arguments: preparation.FitArguments, sandbox: 
     # The budget: two epochs of one call (the first and the steady one), one batch per validation.
     steps = call.plan.steps_per_epoch = min(owner.engines.options.fixed_steps, call.plan.steps or math.inf)
     validation = call.validation and preparation.ValidationData(lambda: _one_batch(call.validation.plan), deferred=True)
-    budget = dataclasses.replace(call, epochs=2, initial_epoch=0, total_steps=None, callbacks=[stages], verbose=0,
+    budget = dataclasses.replace(call, target=state.CallTarget(epochs=2), initial_epoch=0, callbacks=[stages], verbose=0,
                                  verbosity=0, validation=validation, validation_freq=1, validation_every_steps=None)  # fmt: skip
     if validation is None:
         stages.file("validate", "no validation data (`validation_data`, `validation_split`)", ran=False)
@@ -269,7 +269,7 @@ class _Stages(keras.callbacks.Callback):
     def fail(self, error: Exception) -> None:
         """Files the error of the stage running now."""
         seconds, self.error = time.perf_counter() - self._start, error
-        self.stages[self.current] = DryRunStage(self.current, True, seconds, error=error_line(error))
+        self.stages[self.current] = DryRunStage(self.current, True, seconds, error=files.error_line(error))
 
     def report(self) -> tuple[DryRunStage, ...]:
         """Every stage in order: where one failed, those before it as far as they ran, none after it."""

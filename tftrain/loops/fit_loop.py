@@ -1,18 +1,18 @@
 """The fit loop: one `fit` call, from its target to its History.
 
-`run_fit` owns the call's target (`epochs`, or a step budget `total_steps`)
-and reads top-down: start the run (restore the latest checkpoint and build
-the services, `run_setup.start_run`), decide the epochs that reach the
-target from where the run starts, then for each epoch: reset the metrics,
-run the epoch loop (`epoch_loop.run_pass`), validate, call the epoch hooks
-and end the epoch with the services. Keras's `fit` is the reference for
-every callback hook, its order and its logs.
+`run_fit` runs the call to its target (`checkpoint.state.CallTarget`:
+`epochs`, or a step budget `total_steps`) and reads top-down: start the run
+(restore the latest checkpoint and build the services,
+`run_setup.start_run`), decide the epochs that reach the target from where
+the run starts, then for each epoch: reset the metrics, run the epoch loop
+(`epoch_loop.run_pass`), validate, call the epoch hooks and end the epoch
+with the services. Keras's `fit` is the reference for every callback hook,
+its order and its logs.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +42,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         add_history=True,
         add_progbar=call.verbose != 0,
         verbose=call.verbose,
-        epochs=call.epochs,
+        epochs=call.target.epochs,
         steps=call.plan.steps,
         model=model,
     )
@@ -68,8 +68,8 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
     )
     run = run_setup.start_run(owner, call, parts)
     try:
-        epochs = _target_epochs(call, run)
-        if epochs != call.epochs:  # a resumed step budget: the epochs that reach it from here
+        epochs = call.target.end_epoch(run.progress, call.plan.steps, resumed=run.resumed)
+        if epochs != call.target.epochs:  # a resumed step budget: the epochs that reach it from here
             callback_list.set_params({**callback_list.params, "epochs": epochs})
         if run.resumed and run.progress.epoch >= epochs:
             _report_target_reached(call, run, owner.run_options.model_dir)
@@ -86,7 +86,7 @@ def run_fit(owner: StepOwner, call: FitCall) -> tuple[keras.callbacks.History, t
         engine_name = engines.train_engine_name(callback_list)  # after "auto" chose
         optimizer = getattr(model, "optimizer", None)
         # E.g. EMA weights, as fit ends; with `ema_decay` the model keeps its raw weights.
-        if isinstance(optimizer, keras.optimizers.Optimizer) and call.epochs > 0 and owner.ema_decay is None:
+        if isinstance(optimizer, keras.optimizers.Optimizer) and call.target.epochs > 0 and owner.ema_decay is None:
             optimizer.finalize_variable_values(model.trainable_weights)
         callback_list.on_train_end(logs=training_logs)
     finally:
@@ -156,10 +156,7 @@ def _report_target_reached(call: FitCall, run: TrainingRun, model_dir: str | Non
     `verbose=0` only logged, as a WARNING.
     """
     progress = run.progress
-    if call.total_steps is not None:
-        target, larger = f"total_steps={call.total_steps}", f"total_steps > {progress.global_step}"
-    else:
-        target, larger = f"epochs={call.epochs}", f"epochs > {progress.epoch}"
+    target, larger = call.target.reached_message(progress)
     message = (
         f"tftrain: nothing to train: the run in {model_dir} resumed at step {progress.global_step} "
         f"({progress.epoch} epochs done), which already reaches this call's target ({target}). "
@@ -169,26 +166,6 @@ def _report_target_reached(call: FitCall, run: TrainingRun, model_dir: str | Non
         run_setup.report_resume(message, call.verbosity)
     else:
         logging.getLogger("tftrain").warning(message)
-
-
-def _target_epochs(call: FitCall, run: TrainingRun) -> int:
-    """The epoch (exclusive) at which this call reaches its target, from where the run starts.
-
-    With `epochs`, that is `epochs`. A step budget counts steps, not epochs:
-    a resumed run trains the steps left to `total_steps` (none if it is
-    reached), so a rerun finishes the budget and a larger one extends it,
-    whatever epoch the restored progress is in.
-    """
-    if call.total_steps is None or not run.resumed:
-        return call.epochs
-    progress = run.progress
-    remaining = call.total_steps - progress.global_step
-    if remaining <= 0:
-        return progress.epoch
-    per_epoch = call.plan.steps or call.total_steps
-    left_in_epoch = per_epoch - progress.step_in_epoch if progress.step_in_epoch else 0
-    more_epochs = math.ceil(max(0, remaining - left_in_epoch) / per_epoch)
-    return progress.epoch + (1 if left_in_epoch else 0) + more_epochs
 
 
 def _call_services(
@@ -212,8 +189,7 @@ def _run_record(owner: StepOwner, call: FitCall, optimizers: dict[str, Any] | No
         "use_tf_function": options.use_tf_function,
         "jit_compile": options.jit_compile,
         "steps_per_loop": options.steps_per_loop,
-        "epochs": call.epochs,
-        "total_steps": call.total_steps,
+        **call.target.record(),
     }
     return run_record.build(
         model=owner.model,

@@ -26,6 +26,7 @@ from tftrain.arguments import (
     check_validation_split,
     check_verbose,
 )
+from tftrain.checkpoint.state import CallTarget
 from tftrain.engine import model_setup
 from tftrain.fit_inputs import distributed_data, fit_checks, inputs
 from tftrain.fit_inputs.epoch_plan import EpochPlan
@@ -76,9 +77,8 @@ class FitCall:
     Attributes:
         plan: The training data.
         validation: The validation data, or None.
-        epochs: The epoch to train up to (exclusive), as `fit`'s `epochs`.
+        target: What the call trains to (`epochs`, or a step budget `total_steps`).
         initial_epoch: Where a run with nothing to resume starts.
-        total_steps: A step budget (the target instead of `epochs`), or None.
         callbacks: The user's Keras callbacks.
         verbose: `fit`'s `verbose` as given (what the callbacks see in their `params`).
         verbosity: `verbose` resolved (0, 1 or 2; `"auto"` is 1): what the run prints.
@@ -90,9 +90,8 @@ class FitCall:
 
     plan: EpochPlan
     validation: ValidationData | None
-    epochs: int
+    target: CallTarget
     initial_epoch: int
-    total_steps: int | None
     callbacks: Any
     verbose: int | str
     verbosity: int
@@ -153,7 +152,9 @@ def build(owner: StepOwner, dataset: tf.data.Dataset) -> None:
 
     def build_variables() -> None:
         default = model_step and model_setup.uses_default_step(owner.model, "train_step")
-        model_setup.build_variables(owner.model, dataset, owner.engines.strategy, default_train_step=default)
+        engines = owner.engines
+        model_setup.build_variables(owner.model, dataset, engines.strategy, default_train_step=default,
+                                    checked=engines.in_scope)  # fmt: skip
 
     _once(owner, ("build", model_step, dataset.element_spec), build_variables, build=True)
 
@@ -269,9 +270,8 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
     return FitCall(
         plan=plan,
         validation=validation,
-        epochs=epochs,
+        target=CallTarget(epochs, total_steps),
         initial_epoch=initial_epoch,
-        total_steps=total_steps,
         callbacks=callbacks,
         verbose=arguments.verbose,
         verbosity=verbosity,

@@ -120,7 +120,8 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
     """
     options, plan = owner.run_options, call.plan
     owner.global_step.assign(0)  # a run without a checkpoint starts at 0, as its Progress does
-    window = check_profile_steps(options.profile_steps, _planned_steps(call)) if options.profile_steps else None
+    planned = call.target.planned_steps(call.plan.steps)
+    window = check_profile_steps(options.profile_steps, planned) if options.profile_steps else None
     where = _ModelDir.of(owner) if options.model_dir is not None else None
     data = DataPosition(plan) if where is not None else None
     kept = where is not None and parts.record is not None
@@ -158,7 +159,7 @@ def start_run(owner: StepOwner, call: FitCall, parts: RunParts) -> TrainingRun:
         timer=parts.timer,
         trace_count=timing_service.trace_count if timing_service else lambda: counter.count - traces_before,
         saved_parts=tuple(part for part in (data, record) if part is not None),
-        total_steps=call.total_steps,
+        total_steps=call.target.total_steps,
     )
 
 
@@ -194,8 +195,8 @@ def _services(
                                      writer=writer))  # fmt: skip
     elif policy.terminate_on_nan:
         services.append(NonFiniteGuard(policy, checkpoints=where is not None))
-    if call.total_steps is not None:
-        services.append(StepBudget(call.total_steps))
+    if call.target.total_steps is not None:
+        services.append(StepBudget(call.target.total_steps))
     services.extend(parts.services)
     if chief and made.window is not None:
         services.append(ProfilerService(summaries.ProfileWindow(where.layout.train, made.window)))
@@ -233,12 +234,6 @@ def _preemption(signals: tuple[int, ...], checkpoints: CheckpointService, place:
         return PreemptionService(signals, checkpoints)
     return multiworker_preemption(signals, checkpoints, place.strategy.cluster_resolver, place.worker)
 
-
-def _planned_steps(call: FitCall) -> int | None:
-    """The steps the call will train, where known (the profiler's window must end within them)."""
-    if call.total_steps is not None:
-        return call.total_steps
-    return call.epochs * call.plan.steps if call.plan.steps else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,8 @@ class Engines:
             and built again on next use, as Keras rebuilds a function it
             finds None: a layer unfrozen and compiled again trains, and
             `tftrain.callbacks.Timing` counts every `fit`. None: never rebuilt.
+        in_scope: The ids of the model's variables checked to belong to
+            `strategy` when the Trainer was made (`model_setup.prepare_model`).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class Engines:
         *,
         nonfinite_policy: NonFinitePolicy,
         model: keras.Model | None = None,
+        in_scope: frozenset[int] = frozenset(),
     ):
         self.step_of = step_of
         self.model = model
@@ -72,6 +75,7 @@ class Engines:
         self.strategy = strategy
         self.global_step = global_step
         self.nonfinite_policy = nonfinite_policy
+        self.in_scope = in_scope
         self.runners: dict[str, step_runner.StepRunner] = {}
         self._past_nonfinite: step_runner.StepRunner | None = None  # built for a fit with `TerminateOnNaN`
         self.auto_steps: dict[str, StepsPerCall] = {}
@@ -135,6 +139,7 @@ class Engines:
             collect=kind == "predict",
             step_counter=self.global_step if kind == "train" else None,
             autograph=autograph,
+            single_device=self.default_strategy,
         )
 
     def plan(self, data: inputs.AdaptedInput) -> EpochPlan:

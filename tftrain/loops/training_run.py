@@ -170,7 +170,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         Raises:
             TypeError: a state holds a value JSON cannot save (named with its service and key path).
         """
-        parts = (*self.saved_parts, *self.services)
+        parts = (*self.saved_parts, *self.acting["state_dict"])  # a service without its own `state_dict` keeps none
         states = {part.name: json_ready_state(part.name, part.state_dict()) for part in parts}
         return {name: state for name, state in states.items() if state is not None}
 
@@ -299,7 +299,7 @@ class TrainingRun:  # implements tftrain.services.protocol.RunState
         close_all(self.acting["close"])
 
 
-_HOOKS = ("next_stop", "before_call", "after_call", "results_read", "end_epoch", "validated", "close")
+_HOOKS = ("next_stop", "before_call", "after_call", "results_read", "end_epoch", "validated", "close", "state_dict")
 
 
 def close_all(services: list[Service]) -> None:
