@@ -27,6 +27,17 @@ def test_check_int_returns_the_value_or_raises_in_keras_form():
         arguments.check_int("steps", 1, 2, optional=True, meaning="(per call)")
 
 
+def test_check_port_takes_a_port_number_or_an_environment_variables_text_of_one():
+    assert arguments.check_port("port", 65535) == 65535
+    assert arguments.check_port("port", None, optional=True) is None
+    assert arguments.check_port("PORT", " 8888 ", variable=True) == 8888
+    for bad in (0, 65536, True, "8888", None):
+        with pytest.raises(ValueError, match=r"Invalid value for argument `port`\. Received: port=.*Expected a port"):
+            arguments.check_port("port", bad)
+    with pytest.raises(ValueError, match=r"environment variable `PORT`\. Received: PORT='x'\. Expected a port number in"):
+        arguments.check_port("PORT", "x", variable=True)
+
+
 @pytest.mark.parametrize("verbose, level", [("auto", 1), (0, 0), (1, 1), (2, 2)])
 def test_check_verbose_takes_keras_levels(verbose, level):
     assert arguments.check_verbose(verbose) == level

@@ -29,6 +29,7 @@ __all__ = [
     "check_left_at_default",
     "check_lr_sweep",
     "check_path_not_empty",
+    "check_port",
     "check_profile_steps",
     "check_validation_every_steps",
     "check_validation_freq",
@@ -110,6 +111,29 @@ def check_jit_compile(value: Any) -> bool | str:
 def check_every_steps(value: Any, argument: str) -> None:
     """Raises ValueError unless `value` is None or an integer >= 1."""
     check_int(argument, value, optional=True)
+
+
+def check_port(argument: str, value: Any, *, optional: bool = False, variable: bool = False) -> int | None:
+    """Returns the port number `value` gives (an integer, not a bool, in 1..65535), or None where `optional`; else raises.
+
+    Args:
+        argument: The argument's name (with `variable`, the environment variable's), for the message.
+        value: What was received: an integer or, with `variable`, the text of one.
+        optional: Whether None is valid.
+        variable: `value` is an environment variable's text (surrounding spaces ignored).
+
+    Raises:
+        ValueError: `value` gives no port number.
+    """
+    if value is None and optional:
+        return None
+    number = int(value) if variable and isinstance(value, str) and value.strip().isdigit() else value
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 65536:
+        raise ValueError(
+            f"Invalid value for {'environment variable' if variable else 'argument'} `{argument}`. "
+            f"Received: {argument}={value!r}. Expected a port number in 1..65535{', or None' if optional else ''}."
+        )
+    return number
 
 
 def check_profile_steps(profile_steps: Any, total_steps: int | None = None) -> tuple[int, int] | None:

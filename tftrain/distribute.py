@@ -21,6 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from tftrain import slurm
+from tftrain.arguments import check_port
 from tftrain.errors import StrategySetupError
 
 _LOGGER = logging.getLogger("tftrain")
@@ -89,8 +90,7 @@ def setup_strategy(
             TensorFlow's devices are already initialized.
     """
     _check_arguments(use_gpu, use_tpu, tpu, tf_config, num_cpu_devices, collective_timeout_s, tpu_timeout_s)
-    if slurm_port is not None and (isinstance(slurm_port, bool) or not isinstance(slurm_port, int) or not 0 < slurm_port < 65536):
-        raise _invalid("slurm_port", slurm_port, "a port number in 1..65535, or None")
+    check_port("slurm_port", slurm_port, optional=True)
     if use_tpu:
         strategy = tf.distribute.TPUStrategy(_connect_tpu(tpu, tpu_timeout_s))
     else:
@@ -336,7 +336,10 @@ def _is_address(value: Any) -> bool:
     if not isinstance(value, str):
         return False
     host, _, port = value.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+    try:
+        return bool(host) and port.isdigit() and bool(check_port("port", int(port)))
+    except ValueError:
+        return False
 
 
 def _num_workers(cluster: dict[str, list[str]]) -> int:

@@ -20,6 +20,7 @@ import subprocess
 import warnings
 from typing import Any
 
+from tftrain.arguments import check_port
 from tftrain.compat import tf_internals
 
 _LOGGER = logging.getLogger("tftrain")
@@ -172,13 +173,7 @@ def _positive(name: str, text: str, minimum: int) -> int:
 
 def _port(port: int | None, environ: Any) -> int:
     if port is None:
-        text = environ.get(PORT_VARIABLE, str(DEFAULT_PORT))
-        if not text.strip().isdigit() or not 0 < int(text) < 65536:
-            raise ValueError(
-                f"Invalid value for environment variable `{PORT_VARIABLE}`. Received: {PORT_VARIABLE}={text!r}. "
-                "Expected a port number in 1..65535."
-            )
-        return int(text)
+        return check_port(PORT_VARIABLE, environ.get(PORT_VARIABLE, str(DEFAULT_PORT)), variable=True)
     return port  # checked by `setup_strategy`
 
 

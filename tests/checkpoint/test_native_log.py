@@ -78,3 +78,17 @@ def test_tensorflows_python_info_lines_of_a_save_are_dropped_and_every_other_rec
     saver = os.path.join(os.path.dirname(inspect.getfile(tf.train.Checkpoint)), "functional_saver.py")
     warning = logging.getLogger("absl").makeRecord("absl", logging.WARNING, saver, 1, "kept", (), None)
     assert all(f.filter(warning) for f in logging.getLogger("absl").filters)  # TensorFlow's warnings still show
+
+
+def test_the_filter_is_put_on_the_loggers_once_per_process(monkeypatch):
+    import inspect
+    import logging
+
+    looked_up = []
+    monkeypatch.setattr(inspect, "getfile", lambda item, getfile=inspect.getfile: looked_up.append(item) or getfile(item))
+    native_log.quiet_python_save_info.cache_clear()
+    for _ in range(3):
+        native_log.quiet_python_save_info()
+    assert len(looked_up) == 2  # the two modules' directories, found at the first call only
+    for name in ("absl", "tensorflow"):
+        assert sum(isinstance(f, native_log.CheckpointInfoFilter) for f in logging.getLogger(name).filters) == 1

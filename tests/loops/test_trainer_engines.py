@@ -12,6 +12,8 @@ import pytest
 from helpers import ENGINES
 
 import tftrain
+from tftrain.engine import model_setup
+from tftrain.loops import preparation, trainer_engines
 
 
 def data():
@@ -74,6 +76,31 @@ def test_without_a_new_compile_every_engine_is_kept():
     trainer.predict(x, batch_size=16, verbose=0)
     assert all(trainer.engines.runner(kind) is loop for kind, loop in built.items())
     assert built["train"].trace_counter.count == 1
+
+
+def test_a_recompile_is_checked_again_even_where_its_new_objects_take_the_freed_ids(monkeypatch):
+    model, _ = frozen_base_model()
+    trainer = tftrain.Trainer(model)
+    checked = []
+    check = model_setup.check_compiled_for
+    monkeypatch.setattr(model_setup, "check_compiled_for", lambda *args: checked.append(args[1]) or check(*args))
+    for module in (preparation, trainer_engines):  # every object at one id, as a freed object's id is reused
+        monkeypatch.setattr(module, "id", lambda value: 0, raising=False)
+    preparation.check_step(trainer, "train")
+    preparation.check_step(trainer, "train")
+    assert checked == ["train_step"]
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    preparation.check_step(trainer, "train")
+    assert checked == ["train_step", "train_step"]
+
+
+def test_what_was_checked_is_kept_for_the_latest_calls_only():
+    checked = trainer_engines.CheckedOnce(limit=2)
+    for epochs in (1, 2, 3):
+        checked.add_arguments(preparation.FitArguments(epochs=epochs), epochs)
+    assert checked.arguments(preparation.FitArguments(epochs=1)) is None
+    assert checked.arguments(preparation.FitArguments(epochs=3, class_weight={0: 1.0})) is None
+    assert checked.arguments(preparation.FitArguments(epochs=3)) == 3
 
 
 class StepReplacer(keras.callbacks.Callback):

@@ -26,6 +26,7 @@ TensorFlow's writer thread after `save` returned: that line still shows.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -73,8 +74,12 @@ class CheckpointInfoFilter(logging.Filter):
 _TENSORFLOW_LOGGERS = ("absl", "tensorflow")
 
 
+@functools.cache
 def quiet_python_save_info() -> None:
-    """Puts `CheckpointInfoFilter` on the loggers TensorFlow's checkpoint modules log to, once per process."""
+    """Puts `CheckpointInfoFilter` on the loggers TensorFlow's checkpoint modules log to, once per process.
+
+    Called at every save; it does its work at the first call only.
+    """
     # A SavedModel export ("Assets written to", "Writing fingerprint") is a save too.
     directories = [os.path.dirname(inspect.getfile(item)) for item in (tf.train.Checkpoint, tf.saved_model.save)]
     for name in _TENSORFLOW_LOGGERS:

@@ -100,18 +100,9 @@ class FitCall:
     validation_every_steps: int | None
 
 
-def _model_state(model: Any, built: bool) -> tuple[Any, ...]:
-    """What the checks of a model depend on besides the data (its compile and optimizer); `built`: and its variables."""
-    optimizer = getattr(model, "optimizer", None)
-    state = (model.compiled, id(optimizer), id(model.loss), tuple(map(id, model.metrics)))
-    return (*state, getattr(optimizer, "built", None), len(model.variables)) if built else state
-
-
 def _once(owner: StepOwner, what: tuple[Any, ...], check: Callable[[], None], *, build: bool = False) -> None:
     """Runs `check` (or the build) unless it ran before in this Trainer on the same model and `what` (the data's spec)."""
-    if (what, _model_state(owner.model, build)) not in owner.engines.checked:
-        check()
-        owner.engines.checked.append((what, _model_state(owner.model, build)))
+    owner.engines.checked.once(what, owner.model, check, built=build)
 
 
 def check_step(owner: StepOwner, kind: str) -> None:
@@ -211,8 +202,8 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
     # The numbers as given, checked once per Trainer: an earlier call that passed every check with them resolved them.
     given = dataclasses.replace(arguments, x=None, y=None, sample_weight=None, callbacks=None,
                                 validation_data=validation_data is None)  # fmt: skip
-    known = [resolved for key, resolved in owner.engines.checked if key == given]
-    verbosity, validation_freq = known[0] if known else _checked_numbers(arguments)
+    known = owner.engines.checked.arguments(given)
+    verbosity, validation_freq = known if known is not None else _checked_numbers(arguments)
     nonfinite_policy = owner.nonfinite_policy.with_callbacks(hooks.terminates_on_nan(callbacks))
     epochs = inputs.keras_epoch_limit(epochs)
     check_step(owner, "train")
@@ -230,7 +221,7 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
         steps=arguments.steps_per_epoch,
         shuffle=arguments.shuffle,
         class_weight=arguments.class_weight,
-        checked=bool(known),
+        checked=known is not None,
     )
     if total_steps is not None:
         train, epochs = fit_checks.step_budget_epochs(train, total_steps, epochs)
@@ -266,7 +257,7 @@ def fit_call(owner: StepOwner, arguments: FitArguments) -> FitCall:
         validation = ValidationData(open_validation, deferred=inputs.read_to_adapt(val_x))
     plan.reset()  # as Keras's fit resets its epoch iterator (a PyDataset's on_epoch_end runs)
     build(owner, plan.dataset)
-    owner.engines.checked.extend([] if known else [(given, (verbosity, validation_freq))])
+    owner.engines.checked.add_arguments(given, (verbosity, validation_freq))
     return FitCall(
         plan=plan,
         validation=validation,

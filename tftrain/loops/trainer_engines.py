@@ -11,7 +11,9 @@ the writer of `tf.summary` calls inside the training step.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import dataclasses
+import weakref
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import keras
@@ -27,10 +29,111 @@ from tftrain.loops import hooks
 from tftrain.options import UNTESTED, EngineOptions, NonFinitePolicy
 from tftrain.services.step_summaries import InStepSummaries
 
-__all__ = ["KINDS", "Engines"]
+__all__ = ["KINDS", "CheckedOnce", "Engines"]
 
 KINDS = ("train", "eval", "predict")
 _HOOK_KINDS = {"train": "train", "eval": "test", "predict": "predict"}
+
+
+def _key(value: Any) -> Hashable:
+    """`value` (numbers, strings, lists, dicts, dataclasses of them) as a hashable key that tells types apart.
+
+    `True` and `1` differ, as do a list and a tuple. Raises `TypeError` for
+    anything else that is not hashable.
+    """
+    if isinstance(value, (list, tuple)):
+        return type(value), tuple(map(_key, value))
+    if isinstance(value, dict):
+        return dict, tuple((_key(name), _key(item)) for name, item in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value), tuple(_key(getattr(value, field.name)) for field in dataclasses.fields(value))
+    hash(value)
+    return type(value), value
+
+
+def _ref(value: Any) -> Hashable:
+    """`value` as a key part that no object made later equals: a weak reference where it takes one.
+
+    An `id` may be reused by a new object once the old one is freed; a weak
+    reference to a freed object equals no other reference. Strings, numbers
+    and None stand for themselves, lists and dicts part by part; anything
+    else gets a key that equals nothing (it is checked every time).
+    """
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(map(_ref, value))
+    if isinstance(value, dict):
+        return tuple((name, _ref(item)) for name, item in value.items())
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return object()
+
+
+class CheckedOnce:
+    """What a Trainer's calls checked that depends only on what they name, so that a later call skips it.
+
+    Two kinds, each a dict of at most `limit` entries (the oldest dropped
+    first): the checks and builds of the model (keyed by what was checked,
+    e.g. the data's spec, and the model's compile: its optimizer, loss and
+    metrics by weak reference, so a recompile is checked again even where a
+    new object takes a freed one's `id`), and `fit`'s number arguments (keyed
+    by their values, mapped to what they resolve to).
+
+    Args:
+        limit: The most entries of each kind.
+    """
+
+    def __init__(self, limit: int = 64):
+        self.limit = limit
+        self._model: dict[Hashable, None] = {}
+        self._arguments: dict[Hashable, Any] = {}
+
+    def _add(self, entries: dict[Hashable, Any], key: Hashable, value: Any) -> None:
+        try:
+            entries[key] = value
+        except TypeError:  # a part that is not hashable after all: not kept
+            return
+        while len(entries) > self.limit:
+            del entries[next(iter(entries))]
+
+    @staticmethod
+    def _model_key(what: Any, model: Any, built: bool) -> Hashable:
+        optimizer = getattr(model, "optimizer", None)
+        state = (model.compiled, _ref(optimizer), _ref(model.loss), tuple(map(_ref, model.metrics)))
+        if built:
+            state = (*state, getattr(optimizer, "built", None), len(model.variables))
+        return _key(what), state
+
+    def once(self, what: Any, model: Any, check: Callable[[], None], *, built: bool = False) -> None:
+        """Runs `check` unless it ran before on `what` and the model as it is compiled now.
+
+        `built`: the key also holds whether the optimizer is built and the
+        number of the model's variables, taken after `check` (a build).
+        """
+        try:
+            known = self._model_key(what, model, built) in self._model
+        except TypeError:
+            known = False
+        if not known:
+            check()
+            self._add(self._model, self._model_key(what, model, built), None)
+
+    def arguments(self, given: Any) -> Any:
+        """What arguments equal to `given` resolved to in a call that passed their checks, or None."""
+        try:
+            return self._arguments.get(_key(given))
+        except TypeError:
+            return None
+
+    def add_arguments(self, given: Any, resolved: Any) -> None:
+        """Keeps what `given` resolved to (not where a part of it is not hashable)."""
+        try:
+            key = _key(given)
+        except TypeError:
+            return
+        self._add(self._arguments, key, resolved)
 
 
 class Engines:
@@ -83,8 +186,7 @@ class Engines:
         # What the strategy is, resolved once (as Keras fixes a model's strategy): a fit asks again and again.
         self.default_strategy = distribute.is_default_strategy(strategy)
         self.worker, self.workers = distribute.worker_role(strategy), distribute.num_workers(strategy)
-        # What a call checked and built that depends only on what it names (`preparation.checked_once`).
-        self.checked: list[Any] = []
+        self.checked = CheckedOnce()
 
     @contextlib.contextmanager
     def fresh_cache(self) -> Iterator[None]:
