@@ -234,3 +234,20 @@ def test_a_trainers_other_optimizer_is_compared_as_the_models():
     ]
     older = {key: value for key, value in saved.items() if not key.startswith("optimizers.")}
     assert run_record.compare(older, _gan_record(keras.optimizers.SGD(0.01)), mid_epoch=True) == run_record.Comparison()
+
+
+def test_the_record_reads_the_built_fields_at_each_save_until_the_model_and_optimizer_are_built(monkeypatch):
+    model = keras.Sequential([keras.layers.Dense(2)])  # built in its first step
+    model.compile("adam", "mse")
+    reads = []
+    real = run_record.built_fields
+    monkeypatch.setattr(run_record, "built_fields", lambda *args: reads.append(1) or real(*args))
+    record = run_record.RunRecord({}, model)
+    record.state_dict()
+    model.build((None, 3))
+    record.state_dict()
+    assert "optimizer.variables" not in record.state_dict()  # the optimizer is not built yet: read again
+    model.optimizer.build(model.trainable_variables)
+    assert record.state_dict()["optimizer.variables"] == [list(v.shape) for v in model.optimizer.variables]
+    record.state_dict()
+    assert len(reads) == 4  # the last save reads nothing: each layer's config costs time at every save

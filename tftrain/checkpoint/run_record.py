@@ -549,7 +549,8 @@ class RunRecord:
     Args:
         record: The call's record (`build`).
         model: The model trained: its layers and optimizer variables are
-            read again at each save (a model may be built in its first step).
+            read again at each save until the model and its optimizers are
+            built (a model may be built in its first step); not after.
         optimizers: The run's optimizers by their place in the record
             (`optimizers_of`); None: the model's alone.
     """
@@ -560,10 +561,14 @@ class RunRecord:
         self.record = dict(record)
         self.model = model
         self.optimizers = optimizers
+        self._final = False  # the built fields no longer change (reading them costs ~0.1 ms a layer)
 
     def state_dict(self) -> dict[str, Any]:
         """The record as a checkpoint saves it (among the services' states, under `name`)."""
-        self.record.update(built_fields(self.model, self.optimizers))
+        if not self._final:
+            self.record.update(built_fields(self.model, self.optimizers))
+            optimizers = (self.optimizers or {"optimizer": getattr(self.model, "optimizer", None)}).values()
+            self._final = self.model.built and all(getattr(o, "built", True) for o in optimizers if o is not None)
         return self.record
 
     def compare(self, states: Mapping[str, Any], *, mid_epoch: bool, convertible: bool = False) -> Comparison:
