@@ -7,6 +7,7 @@ Usage: python -m tftrain.bench [--quick] [--workload=mlp,cnn,linear,simclr] [--r
          (a first run in fresh processes, Trainer against Keras: `tftrain.bench.startup`)
 """
 
+import dataclasses
 import os
 import sys
 
@@ -106,6 +107,11 @@ _AUTOTUNE = flags.DEFINE_bool(
 _STARTUP_FLAGS = frozenset(holder.name for holder in (_WORKLOAD, _ROUNDS, _CONFIDENCE, _OUTPUT))
 
 
+def _flag_holders() -> list[flags.FlagHolder]:
+    """This module's flags."""
+    return [holder for holder in globals().values() if isinstance(holder, flags.FlagHolder)]
+
+
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -118,25 +124,10 @@ def main(argv: list[str]) -> None:
         _run_startup()
         return
     try:
-        config = config_lib.BenchmarkConfig(
+        fields = {field.name for field in dataclasses.fields(config_lib.BenchmarkConfig)}
+        config = config_lib.BenchmarkConfig(  # each flag of a field's name sets that field
             workloads=_WORKLOAD.value,
-            variants=_VARIANTS.value,
-            quick=_QUICK.value,
-            rounds=_ROUNDS.value,
-            warmup_segments=_WARMUP.value,
-            segment_steps=_SEGMENT_STEPS.value,
-            steps_per_loop=_STEPS_PER_LOOP.value,
-            eager_steps=_EAGER_STEPS.value,
-            num_train=_NUM_TRAIN.value,
-            num_val=_NUM_VAL.value,
-            batch_size=_BATCH_SIZE.value,
-            checkpoint_every_steps=_CHECKPOINT_EVERY.value,
-            simclr_width=_SIMCLR_WIDTH.value,
-            seed=_SEED.value,
-            autotune=_AUTOTUNE.value,
-            shuffle_buffer=_SHUFFLE_BUFFER.value,
-            confidence=_CONFIDENCE.value,
-            agreement=_AGREEMENT.value,
+            **{holder.name: holder.value for holder in _flag_holders() if holder.name in fields},
         )
         _check_requested_optional_variants(config)
         outputs.check_outputs(_OUTPUT.value, _PLOT.value)
@@ -162,8 +153,8 @@ def _run_startup() -> None:
 
     ignored = [
         f"--{holder.name}"
-        for holder in globals().values()
-        if isinstance(holder, flags.FlagHolder) and holder.name not in _STARTUP_FLAGS and holder.present
+        for holder in _flag_holders()
+        if holder.name not in _STARTUP_FLAGS and holder.present
     ]
     if ignored:
         raise app.UsageError(

@@ -148,10 +148,8 @@ def run_keras_fit(
         compile_args["steps_per_execution"] = steps_per_execution
     model.compile(**compile_args)
     callback = SegmentCallback(lane)
-    callbacks: list[keras.callbacks.Callback] = [callback]
     timing_callback = Timing() if timing else None
-    if timing_callback is not None:
-        callbacks.append(timing_callback)
+    callbacks = [callback] if timing_callback is None else [callback, timing_callback]
     # shuffle=False only silences Keras's warning: a Dataset is never shuffled by fit.
     model.fit(
         data.train,
