@@ -196,14 +196,13 @@ def format_target(target: dict[str, Any]) -> str:
     comparison = "<" if target["strict"] else "<="
     goal = "" if target["max_ratio"] is None else f"; goal {comparison} {target['max_ratio']:g}"
     if target["name"] == "checkpoint_save":
-        line = (
+        return (
             f"[{verdict.upper()}] {target['description']}: {format_interval(wall, '.1f', 1e3)} ms "
             f"({confidence} interval of the median, {wall['samples']} saves; goal <= {target['max_ratio'] * 1e3:g} ms; "
             f"graph's gap between segments {_fmt(target.get('baseline_gap_median_s'), '.1f', 1e3)} ms; "
             f"the Trainer's own median {_fmt(target.get('trainer_save_median_s'), '.1f', 1e3)} ms over "
             f"{target.get('trainer_saves')} saves)"
         )
-        return line
     line = (
         f"[{verdict.upper()}] {target['description']}: {target['variant']}/{target['baseline']} = "
         f"{format_interval(wall)} ({confidence}, {wall['samples']} rounds{goal}"
