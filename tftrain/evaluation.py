@@ -252,10 +252,8 @@ def _check_seconds(argument: str, value: Any, *, optional: bool = False) -> None
 
 def _recorded(checkpoint_dir: str) -> list[str]:
     """The checkpoints the training run has recorded (oldest first): complete ones only."""
-    if not tf.io.gfile.isdir(checkpoint_dir):
-        return []
     state = tf.train.get_checkpoint_state(checkpoint_dir)
-    if state is None:
+    if state is None:  # no checkpoint recorded yet, or no directory
         return []
     # The state file may name the directory as the writer saw it: join the base names to ours.
     return [os.path.join(checkpoint_dir, os.path.basename(path)) for path in state.all_model_checkpoint_paths]

@@ -73,18 +73,9 @@ def linear_compile_args() -> dict[str, Any]:
 
 def simclr_compile_args() -> dict[str, Any]:
     """LARS (momentum 0.9, weight decay 1e-4) at the program's learning rate for batch 64: 1.0 x 64 / 256."""
-    from tftrain.examples.simclr import lars
     from tftrain.examples.simclr import model as simclr_model
 
-    return dict(
-        optimizer=lars.LARS(
-            0.25,
-            momentum=0.9,
-            weight_decay=1e-4,
-            exclude_from_weight_decay=simclr_model.LARS_EXCLUDE_FROM_WEIGHT_DECAY,
-            exclude_from_layer_adaptation=simclr_model.LARS_EXCLUDE_FROM_LAYER_ADAPTATION,
-        )
-    )
+    return dict(optimizer=simclr_model.lars_optimizer(0.25, momentum=0.9, weight_decay=1e-4))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -151,7 +151,7 @@ class Change:
         if self.key == _LAYER_CONFIGS:
             return f"the model's layers: {_config_difference(self.saved, self.now, self.names)}"
         if _is_variables(self.key):
-            owner = _optimizer_name(self.key.removesuffix(".variables"))
+            owner = self.key.removesuffix(".variables").removeprefix(OPTIMIZERS_PREFIX)
             return f"{owner}'s variables: {len(self.saved)} in the checkpoint, {len(self.now)} now"
         name = self.key.removeprefix("optimizer.").removeprefix(OPTIMIZERS_PREFIX)
         where, saved, now = _first_difference(self.saved, self.now)
@@ -178,11 +178,6 @@ def _config_difference(saved: list[Any], now: list[Any], names: tuple[str, ...])
     name = f" ({names[int(index)]})" if index.isdigit() and int(index) < len(names) else ""
     field = where[where.index("]") + 1 :].removeprefix(".") if index else where
     return f"layer {index}{name} {field or 'config'}: {_show(before)} in the checkpoint, {_show(after)} now"
-
-
-def _optimizer_name(prefix: str) -> str:
-    """`optimizer` for the model's, the Trainer's attribute name for another (`d_optimizer`)."""
-    return prefix.removeprefix(OPTIMIZERS_PREFIX)
 
 
 def _layer_difference(saved: list[str], now: list[str], names: tuple[str, ...]) -> str:
@@ -256,12 +251,9 @@ def _optimizer_record(optimizer: Any, prefix: str = "optimizer") -> dict[str, An
         return {prefix: None}
     inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer: the one the user built
     name = _class_name(optimizer) + (f"({_class_name(inner)})" if inner is not None else "")
-    record: dict[str, Any] = {prefix: name}
-    config = dict((inner or optimizer).get_config())
-    config.pop("name", None)
-    for key, value in config.items():
-        record[f"{prefix}.{key}"] = _plain(value)
-    return record
+    config = (inner or optimizer).get_config()
+    plain = {f"{prefix}.{key}": _plain(value) for key, value in config.items() if key != "name"}
+    return {prefix: name, **plain}
 
 
 def optimizers_of(model: keras.Model, state: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,6 @@ from tftrain.errors import DatasetUnavailableError
 CONNECT_TIMEOUT_S = 5.0
 """Seconds to wait for a download server to accept a connection."""
 
-_SPLIT_ALIASES = SPLIT_ALIASES  # the name this module used before `catalog.SPLIT_ALIASES`
-
 
 def _tfds():
     import tensorflow_datasets as tfds
@@ -47,15 +45,12 @@ def _tfds():
     return tfds
 
 
-def _registered_names() -> list[str]:
-    return list(_tfds().list_builders(with_community_datasets=False))
-
-
 def _unknown_name(name: str, data_dir: str | None) -> ValueError:
     wanted = base_name(name).lower()
     known = [known for known in KNOWN_DATASETS if known not in GENERATED_DATASETS]
     close = [known for known in known if known.startswith(wanted) or wanted.startswith(known)]
-    close += difflib.get_close_matches(wanted, _registered_names(), n=5, cutoff=0.6)
+    registered = _tfds().list_builders(with_community_datasets=False)
+    close += difflib.get_close_matches(wanted, list(registered), n=5, cutoff=0.6)
     close = list(dict.fromkeys(close))[:6]
     suggestion = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     where = f"data_dir={data_dir}" if data_dir else "the default data_dir"

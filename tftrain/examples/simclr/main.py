@@ -149,18 +149,11 @@ _define("verbose", "0 silent, 1 progress bars, 2 one line per epoch.")
 
 
 # ---------------------------------------------------------------- the Trainer's other options (tftrain.flags)
-def _trainer_options_set_by_the_program() -> dict[str, object]:
-    """The program's `model_dir` for the Trainer flags' parse-time check: many options need one.
-
-    `--keep_checkpoint_max` and `--train_summary_steps` are checked with the
-    rest of the configuration (`config_lib.resolve`), under their own names.
-    """
-    return config_lib.checkable({"model_dir": FLAGS["model_dir"].value})
-
-
 trainer_flags.define_trainer_flags(
     exclude=[*config_lib.TRAINER_OPTIONS_SET_BY, *config_lib.RUN_ARGUMENTS_SET_BY],
-    program_values=_trainer_options_set_by_the_program,
+    # The program's `model_dir` for the Trainer flags' parse-time check (many options need one);
+    # --keep_checkpoint_max and --train_summary_steps are checked with the rest of the configuration.
+    program_values=lambda: config_lib.checkable({"model_dir": FLAGS["model_dir"].value}),
 )
 for _name, _default in config_lib.PROGRAM_TRAINER_DEFAULTS.items():
     FLAGS.set_default(_name, str(_default))
