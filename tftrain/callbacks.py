@@ -105,9 +105,7 @@ class Timing(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         steps, examples = self._read_counts() - self._counts_at_call_start  # also syncs
         self._timer.end_call(
-            steps=int(steps),
-            examples=int(examples),
-            traced=self._counter.count != self._traces_at_call_start,
+            steps=int(steps), examples=int(examples), traced=self._counter.count != self._traces_at_call_start
         )
 
     def _read_counts(self) -> np.ndarray:

@@ -207,23 +207,16 @@ class BenchmarkConfig:
         check_int("checkpoint_every_steps", self.checkpoint_every_steps, 1, allow_none=True)
         check_int("seed", self.seed, 0)
         check_int("shuffle_buffer", self.shuffle_buffer, 1, allow_none=True)
-        if (
-            isinstance(self.confidence, bool)
-            or not isinstance(self.confidence, float)
-            or not 0.5 <= self.confidence < 1
-        ):
+        confidence, width = self.confidence, self.simclr_width
+        if isinstance(confidence, bool) or not isinstance(confidence, float) or not 0.5 <= confidence < 1:
             raise ValueError(
-                f"Invalid value for argument `confidence`. Received: confidence={self.confidence!r}. "
+                f"Invalid value for argument `confidence`. Received: confidence={confidence!r}. "
                 "Expected a number in [0.5, 1), e.g. 0.95."
             )
-        if (
-            isinstance(self.simclr_width, bool)
-            or not isinstance(self.simclr_width, (int, float))
-            or not self.simclr_width > 0
-        ):
+        if isinstance(width, bool) or not isinstance(width, (int, float)) or not width > 0:
             raise ValueError(
-                "Invalid value for argument `simclr_width`. Received: "
-                f"simclr_width={self.simclr_width!r}. Expected a number > 0 (1.0 is the standard ResNet-18)."
+                f"Invalid value for argument `simclr_width`. Received: simclr_width={width!r}. "
+                "Expected a number > 0 (1.0 is the standard ResNet-18)."
             )
 
     def variants_for(self, workload: str) -> tuple[str, ...]:

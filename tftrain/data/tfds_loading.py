@@ -299,8 +299,7 @@ def load_tfds(
         dataset = dataset.take(num_examples)
     if image_size is not None:
         dataset = dataset.map(
-            lambda image, label: (_resize(image, image_size), label),
-            num_parallel_calls=tf.data.AUTOTUNE,
+            lambda image, label: (_resize(image, image_size), label), num_parallel_calls=tf.data.AUTOTUNE
         )
     return dataset
 

@@ -120,9 +120,7 @@ def step_flops(
             id(tensor): tf.TensorShape([per_replica_batch]).concatenate(tensor.shape[1:])
             for tensor in unknown
         }
-        shapes = [
-            refined.get(id(tensor), tensor.shape) for tensor in tf_internals.function_arguments(graph)
-        ]
+        shapes = [refined.get(id(tensor), tensor.shape) for tensor in tf_internals.function_arguments(graph)]
         return FlopCount(graph_flops.count_graph_flops(graph, shapes) * workers)
     except ValueError as error:  # not countable: why
         return FlopCount(None, str(error))

@@ -350,9 +350,7 @@ class SalientTensors(tf.Module):
         hidden = tensors["final_avg_pool"]
         projection, probe_input = self.projection_head(hidden, training=trainable)
         tensors.update(
-            proj_head_input=hidden,
-            proj_head_output=projection,
-            logits_sup=self.supervised_head(probe_input),
+            proj_head_input=hidden, proj_head_output=projection, logits_sup=self.supervised_head(probe_input)
         )
         return tensors
 
