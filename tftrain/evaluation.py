@@ -191,13 +191,7 @@ def evaluate_continuously(
 
 
 def _check_arguments(
-    trainer: Any,
-    x: Any,
-    model_dir: Any,
-    verbose: Any,
-    timeout_s: Any,
-    poll_interval_s: Any,
-    last_step: Any,
+    trainer: Any, x: Any, model_dir: Any, verbose: Any, timeout_s: Any, poll_interval_s: Any, last_step: Any
 ) -> str:
     """Every argument checked before any waiting; returns the model directory."""
     # A Trainer by what it does (tftrain.trainer imports this module, not the reverse).
