@@ -26,7 +26,7 @@ import tensorflow as tf
 from tftrain import arguments, layout, summaries
 from tftrain.arguments import check_int
 from tftrain.checkpoint import CheckpointError, IncompatibleCheckpointError, Progress, restore_model
-from tftrain.checkpoint.writer_lock import live_writer
+from tftrain.checkpoint.writer_lock import live_writer, write_json
 from tftrain.errors import EvaluationTimeoutError
 from tftrain.layout import EVAL_RUN, LOCK_NAME, RESULTS_FILE, ModelDirLayout
 
@@ -303,11 +303,7 @@ def _write_results(model_dir: str, results: dict[int, dict[str, float]]) -> None
     """Writes results.json atomically: a reader (or a restarted evaluator) sees the old or the new file."""
     paths = ModelDirLayout(model_dir)
     tf.io.gfile.makedirs(paths.evaluation)
-    path = paths.results
-    temporary = f"{path}.tmp.{os.getpid()}"
-    with tf.io.gfile.GFile(temporary, "w") as handle:
-        handle.write(json.dumps({str(step): logs for step, logs in sorted(results.items())}, indent=1))
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    write_json(paths.results, {str(step): logs for step, logs in sorted(results.items())}, indent=1)
 
 
 def _timeout_error(

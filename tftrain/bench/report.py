@@ -249,16 +249,13 @@ def format_overview(results: dict[str, Any]) -> list[str]:
         f"{'workload':<9}{'ratio':<38}{'goal':>8}  {'wall [interval]':<26}{'cpu [interval]':<26}verdict",
     ]
     for name, target in rows:
+        save = target["name"] == "checkpoint_save"
         comparison = "<" if target["strict"] else "<="
         goal = "-" if target["max_ratio"] is None else f"{comparison} {target['max_ratio']:g}"
-        scale = 1e3 if target["name"] == "checkpoint_save" else 1.0
-        label = (
-            "save ms (median)"
-            if target["name"] == "checkpoint_save"
-            else f"{target['variant']}/{target['baseline']}"
-        )
-        if target["name"] == "checkpoint_save" and target["max_ratio"] is not None:
+        if save and target["max_ratio"] is not None:
             goal = f"<= {target['max_ratio'] * 1e3:g}"
+        scale = 1e3 if save else 1.0
+        label = "save ms (median)" if save else f"{target['variant']}/{target['baseline']}"
         lines.append(
             f"{name:<9}{label:<38}{goal:>8}  {format_interval(target.get('wall'), '.3f', scale):<26}"
             f"{format_interval(target.get('cpu')):<26}{target['verdict'].upper()}"

@@ -42,6 +42,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain.checkpoint.writer_lock import write_json
 from tftrain.errors import RunChangedError
 from tftrain.fit_inputs.epoch_order import examples_in
 from tftrain.layout import RECORD_FILE, ModelDirLayout  # noqa: F401 (RECORD_FILE stays importable here)
@@ -725,10 +726,7 @@ def write_file(directory: str, record: Mapping[str, Any], comparison: Comparison
     changes += [
         {"step": step, "key": change.key, "saved": change.saved, "now": change.now} for change in comparison.taken
     ]
-    temporary = f"{path}.tmp"
-    with tf.io.gfile.GFile(temporary, "w") as file:
-        json.dump({"record": dict(record), "changes": changes}, file, indent=1, sort_keys=True)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    write_json(path, {"record": dict(record), "changes": changes}, indent=1, sort_keys=True)
     return path
 
 
