@@ -87,9 +87,7 @@ class Timing(keras.callbacks.Callback):
 
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
-        hook = getattr(model, "_tftrain_timing_hook", None)
-        if hook is None:
-            hook = _install_timing_hook(model)
+        hook = getattr(model, "_tftrain_timing_hook", None) or _install_timing_hook(model)
         hook.callback = self
 
     def on_train_begin(self, logs=None):
