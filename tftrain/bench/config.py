@@ -222,6 +222,4 @@ class BenchmarkConfig:
     def variants_for(self, workload: str) -> tuple[str, ...]:
         """The variants `workload` runs under this config, in run order."""
         own = WORKLOAD_VARIANTS[workload]
-        if self.variants is None:
-            return own
-        return tuple(name for name in own if name in self.variants)
+        return own if self.variants is None else tuple(name for name in own if name in self.variants)

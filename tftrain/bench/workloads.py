@@ -132,9 +132,7 @@ class Workload:
 
     def sizes(self, quick: bool) -> tuple[int, int]:
         """Returns `(num_train, num_val)` for a full or quick run."""
-        if quick:
-            return self.quick_num_train, self.quick_num_val
-        return self.num_train, self.num_val
+        return (self.quick_num_train, self.quick_num_val) if quick else (self.num_train, self.num_val)
 
 
 def classifier_arrays(

@@ -689,10 +689,8 @@ def learning_rates(optimizers: Mapping[str, Any]) -> dict[str, Any]:
 
 def learning_rate_value(optimizer: Any) -> Any:
     """The optimizer's float learning rate as a NumPy value (None for a schedule, or no optimizer)."""
-    variable = getattr(optimizer, "learning_rate", None) if optimizer is not None else None
-    if isinstance(variable, keras.Variable | tf.Variable):
-        return variable.numpy()
-    return None
+    variable = getattr(optimizer, "learning_rate", None)
+    return variable.numpy() if isinstance(variable, keras.Variable | tf.Variable) else None
 
 
 def log_taken(comparison: Comparison, verbose: int) -> None:

@@ -249,9 +249,8 @@ class WriterLock:
         }
 
     def _stale(self, holder: dict[str, Any]) -> bool:
-        if _ours(holder):
-            return True  # a lock of this process that is no longer held (never closed): none is live
-        return not _holder_alive(holder, self.stale_after_s)
+        # A lock of this process that is no longer held (never closed): none is live.
+        return _ours(holder) or not _holder_alive(holder, self.stale_after_s)
 
     def _read(self) -> dict[str, Any] | None:
         return _read_lock(self.path)

@@ -127,9 +127,7 @@ def step_flops(
 
 
 def _local_replicas(strategy: tf.distribute.Strategy) -> int:
-    if distribute.is_default_strategy(strategy):
-        return 1
-    return len(strategy.extended.worker_devices)
+    return 1 if distribute.is_default_strategy(strategy) else len(strategy.extended.worker_devices)
 
 
 def per_replica_batch_size(
