@@ -227,8 +227,7 @@ def format_report(results: dict[str, Any]) -> str:
         "",
     ]
     for workload_result in results["workloads"].values():
-        lines.append(format_table(workload_result, config["rounds"], config["warmup_segments"]))
-        lines.append("")
+        lines += [format_table(workload_result, config["rounds"], config["warmup_segments"]), ""]
     lines += format_overview(results)
     if results.get("agreement") is not None:
         lines += [""] + format_agreement(results["agreement"])

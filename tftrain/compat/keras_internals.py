@@ -228,8 +228,7 @@ def get_data_adapter(**kwargs: Any) -> Any:
     The code `model.fit` itself runs to batch, shuffle, weight and convert its
     inputs; tftrain uses it so the Trainer takes exactly the same inputs.
     """
-    function = _attribute("keras.src.trainers.data_adapters", "get_data_adapter", "fit's inputs")
-    return function(**kwargs)
+    return _attribute("keras.src.trainers.data_adapters", "get_data_adapter", "fit's inputs")(**kwargs)
 
 
 _SHUFFLE_WRAPPED = threading.Lock()
@@ -316,8 +315,7 @@ def concat_replica_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> An
 
 def concat_batches(batches: list[Any]) -> Any:
     """`predict`'s join of per-batch outputs: NumPy where shapes agree, ragged where they do not."""
-    function = _attribute("keras.src.backend.tensorflow.trainer", "potentially_ragged_concat", "predict")
-    return function(batches)
+    return _attribute("keras.src.backend.tensorflow.trainer", "potentially_ragged_concat", "predict")(batches)
 
 
 # ------------------------------------------------------------------ the learning-rate range test

@@ -55,10 +55,9 @@ def _batch_arguments(graph: tf.Graph) -> list[tf.Tensor]:
 
 def _composite_arguments(graph: tf.Graph) -> bool:
     """Whether the step takes ragged or sparse tensors (their components' first dimension is not the batch)."""
-    for spec in tf.nest.flatten(getattr(graph, "structured_input_signature", None)):
-        if isinstance(tf_internals.per_replica_spec(spec), tf.RaggedTensorSpec | tf.SparseTensorSpec):
-            return True
-    return False
+    specs = tf.nest.flatten(getattr(graph, "structured_input_signature", None))
+    composite = tf.RaggedTensorSpec | tf.SparseTensorSpec
+    return any(isinstance(tf_internals.per_replica_spec(spec), composite) for spec in specs)
 
 
 def _describe(tensors: list[tf.Tensor]) -> str:

@@ -274,8 +274,7 @@ def make_single_step(
         examples = (
             tf.constant(batch_size, tf.int64) if batch_size is not None else inputs.examples_in_batch(batch)
         )
-        counts = tf.stack([tf.constant(1, tf.int64), examples, tf.cast(nonfinite, tf.int64)])
-        return counts, logs
+        return tf.stack([tf.constant(1, tf.int64), examples, tf.cast(nonfinite, tf.int64)]), logs
 
     if jit_compile:
 

@@ -266,8 +266,7 @@ class SimCLRModel(tftrain.CustomModel):
         projection, probe_input = self.projection_head(hidden, training=training)
         if self.train_mode == "pretrain":
             probe_input = tf.stop_gradient(probe_input)
-        logits = self.supervised_head(probe_input)
-        return projection, logits
+        return projection, self.supervised_head(probe_input)
 
     def build_for(self, image_size: int) -> None:
         """Creates every variable by running one image through the model."""
