@@ -308,8 +308,7 @@ def agreement(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, A
             target["name"]: target for target in second["workloads"].get(workload, {}).get("targets", [])
         }
         for target in result.get("targets", []):
-            other = others.get(target["name"])
-            a, b = target.get("wall"), (other or {}).get("wall")
+            a, b = target.get("wall"), (others.get(target["name"]) or {}).get("wall")
             if not a or not b or a["low"] is None or b["low"] is None:
                 continue
             first_interval, second_interval = stats.Interval(**a), stats.Interval(**b)

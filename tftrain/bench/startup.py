@@ -194,8 +194,7 @@ def format_startup(results: dict[str, Any]) -> str:
         f"startup (fresh processes, {results['rounds']} rounds, Trainer / Keras with a "
         f"{results['confidence']:.0%} interval):"
     ]
-    header = f"  {'workload':<8} {'measure':<14} {'Trainer':>9} {'Keras':>9}  {'ratio':<22}"
-    lines.append(header)
+    lines.append(f"  {'workload':<8} {'measure':<14} {'Trainer':>9} {'Keras':>9}  {'ratio':<22}")
     for workload, result in results["workloads"].items():
         for metric, row in result["summary"].items():
             shown = "n/a" if row["ratio"] is None else report.format_interval(row["ratio"], ".2f")

@@ -507,8 +507,7 @@ def _with_todays_names(saved: Mapping[str, Any], now: Mapping[str, Any]) -> Mapp
     flagged = HPARAMS_PREFIX + TRAINER_FLAGS_PREFIX
     renamed = dict(saved)
     for key, value in saved.items():
-        name = key[len(HPARAMS_PREFIX) :]
-        today = flagged + name
+        today = flagged + key[len(HPARAMS_PREFIX) :]
         if not key.startswith(HPARAMS_PREFIX) or today not in now or today in saved or key in now:
             continue
         del renamed[key]

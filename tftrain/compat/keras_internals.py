@@ -352,8 +352,7 @@ def set_learning_rate_object(optimizer: Any, value: Any) -> None:
     object back, tracking neither.
     """
     learning_rate_object(optimizer)  # checks the attribute exists
-    target = _applying_optimizer(optimizer)
-    object.__setattr__(target, "_learning_rate", value)
+    object.__setattr__(_applying_optimizer(optimizer), "_learning_rate", value)
 
 
 def backend_variable(variable: Any) -> tf.Variable:

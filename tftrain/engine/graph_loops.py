@@ -78,8 +78,7 @@ def finite_in_graph(logs: Any, loss_limit: float | None = None) -> tf.Tensor:
 
 def examples_in(batch: Any, strategy: tf.distribute.Strategy) -> tf.Tensor:
     """In-graph count of the examples in a batch (its first tensor's rows, all local replicas)."""
-    first = tf.nest.flatten(batch)[0]
-    parts = strategy.experimental_local_results(first)
+    parts = strategy.experimental_local_results(tf.nest.flatten(batch)[0])
     return tf.add_n([inputs.examples_in_batch(part) for part in parts])
 
 

@@ -300,16 +300,9 @@ def summary_line(result: dict[str, Any]) -> str:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    result = run(
-        FLAGS.model,
-        FLAGS.mode,
-        epochs=FLAGS.epochs,
-        batch_size=FLAGS.batch_size,
-        steps_per_loop=FLAGS.steps_per_loop,
-        num_examples=FLAGS.num_examples,
-        dataset=FLAGS.dataset,
-        data_dir=FLAGS.data_dir,
-    )
+    # The flags named as `run`'s keyword arguments.
+    keywords = ("epochs", "batch_size", "steps_per_loop", "num_examples", "dataset", "data_dir")
+    result = run(FLAGS.model, FLAGS.mode, **{name: FLAGS[name].value for name in keywords})
     print(f"timing ({result['mode']}):\n{result['timing_summary']}")
     print(summary_line(result))
 
