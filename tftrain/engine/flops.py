@@ -89,8 +89,7 @@ def step_flops(
     try:
         static, relaxed = [], []
         for graph in graphs:
-            batch = _batch_arguments(graph)
-            leading = {tensor.shape[0] if tensor.shape.rank else None for tensor in batch}
+            leading = {tensor.shape[0] if tensor.shape.rank else None for tensor in _batch_arguments(graph)}
             if None in leading:
                 relaxed.append(graph)
             elif per_replica_batch is None or leading <= {per_replica_batch}:
