@@ -87,9 +87,7 @@ class Timing(keras.callbacks.Callback):
 
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
-        hook = getattr(model, "_tftrain_timing_hook", None)
-        if hook is None:
-            hook = _install_timing_hook(model)
+        hook = getattr(model, "_tftrain_timing_hook", None) or _install_timing_hook(model)
         hook.callback = self
 
     def on_train_begin(self, logs=None):
@@ -105,9 +103,7 @@ class Timing(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         steps, examples = self._read_counts() - self._counts_at_call_start  # also syncs
         self._timer.end_call(
-            steps=int(steps),
-            examples=int(examples),
-            traced=self._counter.count != self._traces_at_call_start,
+            steps=int(steps), examples=int(examples), traced=self._counter.count != self._traces_at_call_start
         )
 
     def _read_counts(self) -> np.ndarray:

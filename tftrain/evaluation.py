@@ -26,7 +26,7 @@ import tensorflow as tf
 from tftrain import arguments, layout, summaries
 from tftrain.arguments import check_int
 from tftrain.checkpoint import CheckpointError, IncompatibleCheckpointError, Progress, restore_model
-from tftrain.checkpoint.writer_lock import live_writer
+from tftrain.checkpoint.writer_lock import live_writer, write_json
 from tftrain.errors import EvaluationTimeoutError
 from tftrain.layout import EVAL_RUN, LOCK_NAME, RESULTS_FILE, ModelDirLayout
 
@@ -191,13 +191,7 @@ def evaluate_continuously(
 
 
 def _check_arguments(
-    trainer: Any,
-    x: Any,
-    model_dir: Any,
-    verbose: Any,
-    timeout_s: Any,
-    poll_interval_s: Any,
-    last_step: Any,
+    trainer: Any, x: Any, model_dir: Any, verbose: Any, timeout_s: Any, poll_interval_s: Any, last_step: Any
 ) -> str:
     """Every argument checked before any waiting; returns the model directory."""
     # A Trainer by what it does (tftrain.trainer imports this module, not the reverse).
@@ -252,10 +246,8 @@ def _check_seconds(argument: str, value: Any, *, optional: bool = False) -> None
 
 def _recorded(checkpoint_dir: str) -> list[str]:
     """The checkpoints the training run has recorded (oldest first): complete ones only."""
-    if not tf.io.gfile.isdir(checkpoint_dir):
-        return []
     state = tf.train.get_checkpoint_state(checkpoint_dir)
-    if state is None:
+    if state is None:  # no checkpoint recorded yet, or no directory
         return []
     # The state file may name the directory as the writer saw it: join the base names to ours.
     return [os.path.join(checkpoint_dir, os.path.basename(path)) for path in state.all_model_checkpoint_paths]
@@ -311,11 +303,7 @@ def _write_results(model_dir: str, results: dict[int, dict[str, float]]) -> None
     """Writes results.json atomically: a reader (or a restarted evaluator) sees the old or the new file."""
     paths = ModelDirLayout(model_dir)
     tf.io.gfile.makedirs(paths.evaluation)
-    path = paths.results
-    temporary = f"{path}.tmp.{os.getpid()}"
-    with tf.io.gfile.GFile(temporary, "w") as handle:
-        handle.write(json.dumps({str(step): logs for step, logs in sorted(results.items())}, indent=1))
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    write_json(paths.results, {str(step): logs for step, logs in sorted(results.items())}, indent=1)
 
 
 def _timeout_error(

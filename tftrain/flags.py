@@ -278,7 +278,9 @@ def _register_checks(
             checked[key] = _check_values(raw, prefix, flag_values, program_values)
         return checked[key]
 
-    def check_flag(flag: str) -> Callable[[Any], bool]:
+    def check_blamed(flag: str | None) -> Callable[[Any], bool]:
+        """A validator that raises the check's error where it blames `flag` (None: where it blames none)."""
+
         def check(_: Any) -> bool:
             error = error_of()
             if error is not None and _blamed_flag(str(error), prefix, defined) == flag:
@@ -288,15 +290,8 @@ def _register_checks(
         return check
 
     for flag in defined:
-        absl_flags.register_validator(flag, check_flag(flag), flag_values=flag_values)
-
-    def check_rest(_: Any) -> bool:
-        error = error_of()
-        if error is not None and _blamed_flag(str(error), prefix, defined) is None:
-            raise absl_flags.ValidationError(str(error)) from error
-        return True
-
-    absl_flags.register_multi_flags_validator(list(defined), check_rest, flag_values=flag_values)
+        absl_flags.register_validator(flag, check_blamed(flag), flag_values=flag_values)
+    absl_flags.register_multi_flags_validator(list(defined), check_blamed(None), flag_values=flag_values)
 
 
 def _check_values(

@@ -65,12 +65,9 @@ class CustomModel(keras.Model):
         return super().__new__(cls, *args, **kwargs)
 
     def __init__(self, *args, **kwargs):
-        if not keras_internals.functional_init_arguments(args, kwargs):
-            super().__init__(*args, **kwargs)
-            return
-        if not isinstance(self, Functional):
+        if keras_internals.functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
             keras_internals.replace_base(type(self), CustomModel, FunctionalCustomModel)
-        # The next class after CustomModel in the MRO is now Functional.
+            # The next class after CustomModel in the MRO is now Functional.
         super().__init__(*args, **kwargs)
 
     def unpack_batch(self, data: Any) -> tuple[Any, Any, Any]:

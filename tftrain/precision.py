@@ -114,10 +114,8 @@ def apply_policy(model: keras.layers.Layer, name: str | None) -> None:
     # has its own object even when the names match. A model restored from a
     # config has an object per layer, so there only the names can tell.
     shared = [layer for layer in sublayers if layer.dtype_policy is source]
-    if len(shared) > 1:
-        layers = shared
-    else:
-        layers = [layer for layer in sublayers if layer.dtype_policy.name == source.name]
+    same_name = [layer for layer in sublayers if layer.dtype_policy.name == source.name]
+    layers = shared if len(shared) > 1 else same_name
     switched = {id(layer) for layer in layers}
     kept = {id(v) for layer in sublayers if id(layer) not in switched for v in layer.weights}
     for variable in (v for layer in layers for v in layer.weights if id(v) not in kept):

@@ -7,6 +7,7 @@ Usage: python -m tftrain.bench [--quick] [--workload=mlp,cnn,linear,simclr] [--r
          (a first run in fresh processes, Trainer against Keras: `tftrain.bench.startup`)
 """
 
+import dataclasses
 import os
 import sys
 
@@ -15,9 +16,17 @@ from absl import app, flags, logging
 from tftrain.bench import config as config_lib
 from tftrain.bench import optional, outputs
 
-_QUICK = flags.DEFINE_bool(
-    "quick", False, "A short run: fewer examples, shorter segments, 5 rounds by default."
-)
+_FIELDS = {field.name: field for field in dataclasses.fields(config_lib.BenchmarkConfig)}
+_DEFINE = {"bool": flags.DEFINE_bool, "int": flags.DEFINE_integer, "int | None": flags.DEFINE_integer}
+
+
+def _define(name: str, help_text: str) -> flags.FlagHolder:
+    """The flag of `BenchmarkConfig` field `name`: of its type, with its default."""
+    field = _FIELDS[name]
+    return _DEFINE.get(field.type, flags.DEFINE_float)(name, field.default, help_text)
+
+
+_define("quick", "A short run: fewer examples, shorter segments, 5 rounds by default.")
 _OUTPUT = flags.DEFINE_string(
     "output", None, "Write all results (every run, summaries, targets) as JSON here (after the whole run)."
 )
@@ -32,78 +41,64 @@ _WORKLOAD = flags.DEFINE_string(
     f"Comma-separated workloads: {', '.join(config_lib.WORKLOAD_NAMES)}; or `startup` alone: a first "
     "fit/evaluate/predict in fresh processes, Trainer against Keras (MNIST MLP and convnet).",
 )
-_VARIANTS = flags.DEFINE_string(
+flags.DEFINE_string(
     "variants",
     None,
     "Comma-separated variants (default: every variant of each workload): "
     f"{', '.join(config_lib.VARIANT_NAMES)}.",
 )
-_ROUNDS = flags.DEFINE_integer(
+_ROUNDS = _define(
     "rounds",
-    None,
     "Measured rounds: in each, every variant runs one segment, in a rotated order. Default 20, or 5 with --quick.",
 )
-_WARMUP = flags.DEFINE_integer(
-    "warmup_segments", 1, "Segments per variant before the rounds (tracing, first calls); not compared."
-)
-_SEGMENT_STEPS = flags.DEFINE_integer(
+_define("warmup_segments", "Segments per variant before the rounds (tracing, first calls); not compared.")
+_define(
     "segment_steps",
-    None,
     "Steps per segment of the non-eager variants. Default: each workload's own (300 mlp, 100 cnn and linear, "
     "2 simclr; fewer with --quick).",
 )
-_CONFIDENCE = flags.DEFINE_float("confidence", 0.95, "Confidence level of every interval.")
-_AGREEMENT = flags.DEFINE_bool(
-    "agreement", False, "Run the suite twice, back to back, and report whether the two runs' ratios agree."
-)
-_STEPS_PER_LOOP = flags.DEFINE_integer(
+_CONFIDENCE = _define("confidence", "Confidence level of every interval.")
+_define("agreement", "Run the suite twice, back to back, and report whether the two runs' ratios agree.")
+_define(
     "steps_per_loop",
-    None,
     "k of the *_loop variants, step_only and keras_fit_spe (steps_per_execution). Default: each workload's own "
     "(20 for mlp/cnn, 10 for linear).",
 )
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "Batch size for every chosen workload (default: 128 mlp/cnn, 1024 linear, 64 simclr)."
-)
-_CHECKPOINT_EVERY = flags.DEFINE_integer(
+_define("batch_size", "Batch size for every chosen workload (default: 128 mlp/cnn, 1024 linear, 64 simclr).")
+_define(
     "checkpoint_every_steps",
-    None,
     "How often graph_checkpoint saves (default: every steps_per_epoch // 4 steps; the Trainer also saves at "
     "each epoch end).",
 )
-_SIMCLR_WIDTH = flags.DEFINE_float(
-    "simclr_width", 1.0, "Width multiplier of the SimCLR ResNet-18 (1.0 = the standard network)."
+_define("simclr_width", "Width multiplier of the SimCLR ResNet-18 (1.0 = the standard network).")
+_define(
+    "eager_steps", "Steps per segment of the eager variants (they are slow). Default 20, or 5 with --quick."
 )
-_EAGER_STEPS = flags.DEFINE_integer(
-    "eager_steps",
-    None,
-    "Steps per segment of the eager variants (they are slow). Default 20, or 5 with --quick.",
-)
-_NUM_TRAIN = flags.DEFINE_integer(
+_define(
     "num_train",
-    None,
     "Training examples for every chosen workload (default: each workload's own, e.g. 60,000 for mlp; "
     "fewer with --quick).",
 )
-_NUM_VAL = flags.DEFINE_integer(
+_define(
     "num_val",
-    None,
     "Validation examples for every chosen workload (default: each workload's own; fewer with --quick).",
 )
-_SEED = flags.DEFINE_integer("seed", 0, "Seed for the synthetic data and the initial weights.")
-_SHUFFLE_BUFFER = flags.DEFINE_integer(
+_define("seed", "Seed for the synthetic data and the initial weights.")
+_define(
     "shuffle_buffer",
-    None,
     "Train on examples reshuffled each pass through a buffer of this many (e.g. 10000), no cache, "
     "instead of the cached batches.",
 )
-_AUTOTUNE = flags.DEFINE_bool(
-    "autotune", False, "Prefetch with tf.data AUTOTUNE (autotuning on) instead of a fixed 2-batch buffer."
-)
+_define("autotune", "Prefetch with tf.data AUTOTUNE (autotuning on) instead of a fixed 2-batch buffer.")
 
 
 # The flags `--workload=startup` reads; it rejects every other flag of this module (the steady-state ones).
 _STARTUP_FLAGS = frozenset(holder.name for holder in (_WORKLOAD, _ROUNDS, _CONFIDENCE, _OUTPUT))
+
+
+def _module_flags() -> list[flags.Flag]:
+    """The flags this module defines."""
+    return flags.FLAGS.get_flags_for_module(__name__)
 
 
 def _progress(line: str) -> None:
@@ -118,25 +113,9 @@ def main(argv: list[str]) -> None:
         _run_startup()
         return
     try:
-        config = config_lib.BenchmarkConfig(
+        config = config_lib.BenchmarkConfig(  # each flag of a field's name sets that field
             workloads=_WORKLOAD.value,
-            variants=_VARIANTS.value,
-            quick=_QUICK.value,
-            rounds=_ROUNDS.value,
-            warmup_segments=_WARMUP.value,
-            segment_steps=_SEGMENT_STEPS.value,
-            steps_per_loop=_STEPS_PER_LOOP.value,
-            eager_steps=_EAGER_STEPS.value,
-            num_train=_NUM_TRAIN.value,
-            num_val=_NUM_VAL.value,
-            batch_size=_BATCH_SIZE.value,
-            checkpoint_every_steps=_CHECKPOINT_EVERY.value,
-            simclr_width=_SIMCLR_WIDTH.value,
-            seed=_SEED.value,
-            autotune=_AUTOTUNE.value,
-            shuffle_buffer=_SHUFFLE_BUFFER.value,
-            confidence=_CONFIDENCE.value,
-            agreement=_AGREEMENT.value,
+            **{flag.name: flag.value for flag in _module_flags() if flag.name in _FIELDS},
         )
         _check_requested_optional_variants(config)
         outputs.check_outputs(_OUTPUT.value, _PLOT.value)
@@ -161,9 +140,7 @@ def _run_startup() -> None:
     from tftrain.bench import startup  # no TensorFlow in this process: each child loads its own
 
     ignored = [
-        f"--{holder.name}"
-        for holder in globals().values()
-        if isinstance(holder, flags.FlagHolder) and holder.name not in _STARTUP_FLAGS and holder.present
+        f"--{flag.name}" for flag in _module_flags() if flag.name not in _STARTUP_FLAGS and flag.present
     ]
     if ignored:
         raise app.UsageError(

@@ -98,7 +98,8 @@ def parse_names(names: str | Sequence[str], known: Sequence[str], argument: str)
     return result
 
 
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False, hint: str = "") -> None:
+def check_int(name: str, value: Any, minimum: int, allow_none: bool = False, hint: str = "") -> None:
+    """Raises in Keras's form unless `value` is an integer >= `minimum` (or None, if `allow_none`)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -195,39 +196,30 @@ class BenchmarkConfig:
             object.__setattr__(self, "rounds", 5 if self.quick else 20)
         if self.eager_steps is None:
             object.__setattr__(self, "eager_steps", 5 if self.quick else 20)
-        _check_int("rounds", self.rounds, 1, hint=" (2 or more give an interval)")
-        _check_int("warmup_segments", self.warmup_segments, 0)
-        _check_int("segment_steps", self.segment_steps, 1, allow_none=True)
-        _check_int("steps_per_loop", self.steps_per_loop, 1, allow_none=True)
-        _check_int("eager_steps", self.eager_steps, 1)
-        _check_int("num_train", self.num_train, 1, allow_none=True)
-        _check_int("num_val", self.num_val, 1, allow_none=True)
-        _check_int("batch_size", self.batch_size, 1, allow_none=True)
-        _check_int("checkpoint_every_steps", self.checkpoint_every_steps, 1, allow_none=True)
-        _check_int("seed", self.seed, 0)
-        _check_int("shuffle_buffer", self.shuffle_buffer, 1, allow_none=True)
-        if (
-            isinstance(self.confidence, bool)
-            or not isinstance(self.confidence, float)
-            or not 0.5 <= self.confidence < 1
-        ):
+        check_int("rounds", self.rounds, 1, hint=" (2 or more give an interval)")
+        check_int("warmup_segments", self.warmup_segments, 0)
+        check_int("segment_steps", self.segment_steps, 1, allow_none=True)
+        check_int("steps_per_loop", self.steps_per_loop, 1, allow_none=True)
+        check_int("eager_steps", self.eager_steps, 1)
+        check_int("num_train", self.num_train, 1, allow_none=True)
+        check_int("num_val", self.num_val, 1, allow_none=True)
+        check_int("batch_size", self.batch_size, 1, allow_none=True)
+        check_int("checkpoint_every_steps", self.checkpoint_every_steps, 1, allow_none=True)
+        check_int("seed", self.seed, 0)
+        check_int("shuffle_buffer", self.shuffle_buffer, 1, allow_none=True)
+        confidence, width = self.confidence, self.simclr_width
+        if isinstance(confidence, bool) or not isinstance(confidence, float) or not 0.5 <= confidence < 1:
             raise ValueError(
-                f"Invalid value for argument `confidence`. Received: confidence={self.confidence!r}. "
+                f"Invalid value for argument `confidence`. Received: confidence={confidence!r}. "
                 "Expected a number in [0.5, 1), e.g. 0.95."
             )
-        if (
-            isinstance(self.simclr_width, bool)
-            or not isinstance(self.simclr_width, (int, float))
-            or not self.simclr_width > 0
-        ):
+        if isinstance(width, bool) or not isinstance(width, (int, float)) or not width > 0:
             raise ValueError(
-                "Invalid value for argument `simclr_width`. Received: "
-                f"simclr_width={self.simclr_width!r}. Expected a number > 0 (1.0 is the standard ResNet-18)."
+                f"Invalid value for argument `simclr_width`. Received: simclr_width={width!r}. "
+                "Expected a number > 0 (1.0 is the standard ResNet-18)."
             )
 
     def variants_for(self, workload: str) -> tuple[str, ...]:
         """The variants `workload` runs under this config, in run order."""
         own = WORKLOAD_VARIANTS[workload]
-        if self.variants is None:
-            return own
-        return tuple(name for name in own if name in self.variants)
+        return own if self.variants is None else tuple(name for name in own if name in self.variants)

@@ -86,15 +86,11 @@ def run_trainer(
     callback = SegmentCallback(lane)
     trainer.fit(data.train, epochs=lane.segments, steps_per_epoch=lane.steps, callbacks=[callback], verbose=0)
     chosen = {"steps_per_loop_chosen": trainer.chosen_steps_per_loop} if trainer.options.auto else {}
+    engine = {"engine": trainer.options.name, "measure_timing": trainer.measure_timing}
     return Outcome(
         final_loss=callback.last_logs.get("loss"),
         timing=trainer.timing.to_dict() if trainer.timing is not None else None,
-        notes={
-            "engine": trainer.options.name,
-            "measure_timing": trainer.measure_timing,
-            **chosen,
-            **(notes or {}),
-        },
+        notes={**engine, **chosen, **(notes or {})},
         model=model,
     )
 
@@ -148,10 +144,8 @@ def run_keras_fit(
         compile_args["steps_per_execution"] = steps_per_execution
     model.compile(**compile_args)
     callback = SegmentCallback(lane)
-    callbacks: list[keras.callbacks.Callback] = [callback]
     timing_callback = Timing() if timing else None
-    if timing_callback is not None:
-        callbacks.append(timing_callback)
+    callbacks = [callback] if timing_callback is None else [callback, timing_callback]
     # shuffle=False only silences Keras's warning: a Dataset is never shuffled by fit.
     model.fit(
         data.train,

@@ -285,14 +285,9 @@ def evaluate_workload(workload_result: dict[str, Any], confidence: float = 0.95)
     entries = [evaluate_target(variants, target, confidence) for target in TARGETS.get(name, ())]
     if name in CHECKPOINT_GOAL_WORKLOADS:
         entries.append(checkpoint_save_target(variants, confidence))
-    if (
-        name in TIMING_HOOK_WORKLOADS
-        and workload_result.get("timing_hook_s") is not None
-        and "graph" in variants
-    ):
-        entries.append(
-            timing_hook_target(workload_result["timing_hook_s"], per_step(variants["graph"]), confidence)
-        )
+    hook_s = workload_result.get("timing_hook_s")
+    if name in TIMING_HOOK_WORKLOADS and hook_s is not None and "graph" in variants:
+        entries.append(timing_hook_target(hook_s, per_step(variants["graph"]), confidence))
     return entries
 
 
@@ -313,8 +308,7 @@ def agreement(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, A
             target["name"]: target for target in second["workloads"].get(workload, {}).get("targets", [])
         }
         for target in result.get("targets", []):
-            other = others.get(target["name"])
-            a, b = target.get("wall"), (other or {}).get("wall")
+            a, b = target.get("wall"), (others.get(target["name"]) or {}).get("wall")
             if not a or not b or a["low"] is None or b["low"] is None:
                 continue
             first_interval, second_interval = stats.Interval(**a), stats.Interval(**b)

@@ -196,14 +196,13 @@ def format_target(target: dict[str, Any]) -> str:
     comparison = "<" if target["strict"] else "<="
     goal = "" if target["max_ratio"] is None else f"; goal {comparison} {target['max_ratio']:g}"
     if target["name"] == "checkpoint_save":
-        line = (
+        return (
             f"[{verdict.upper()}] {target['description']}: {format_interval(wall, '.1f', 1e3)} ms "
             f"({confidence} interval of the median, {wall['samples']} saves; goal <= {target['max_ratio'] * 1e3:g} ms; "
             f"graph's gap between segments {_fmt(target.get('baseline_gap_median_s'), '.1f', 1e3)} ms; "
             f"the Trainer's own median {_fmt(target.get('trainer_save_median_s'), '.1f', 1e3)} ms over "
             f"{target.get('trainer_saves')} saves)"
         )
-        return line
     line = (
         f"[{verdict.upper()}] {target['description']}: {target['variant']}/{target['baseline']} = "
         f"{format_interval(wall)} ({confidence}, {wall['samples']} rounds{goal}"
@@ -228,8 +227,7 @@ def format_report(results: dict[str, Any]) -> str:
         "",
     ]
     for workload_result in results["workloads"].values():
-        lines.append(format_table(workload_result, config["rounds"], config["warmup_segments"]))
-        lines.append("")
+        lines += [format_table(workload_result, config["rounds"], config["warmup_segments"]), ""]
     lines += format_overview(results)
     if results.get("agreement") is not None:
         lines += [""] + format_agreement(results["agreement"])
@@ -250,16 +248,13 @@ def format_overview(results: dict[str, Any]) -> list[str]:
         f"{'workload':<9}{'ratio':<38}{'goal':>8}  {'wall [interval]':<26}{'cpu [interval]':<26}verdict",
     ]
     for name, target in rows:
+        save = target["name"] == "checkpoint_save"
         comparison = "<" if target["strict"] else "<="
         goal = "-" if target["max_ratio"] is None else f"{comparison} {target['max_ratio']:g}"
-        scale = 1e3 if target["name"] == "checkpoint_save" else 1.0
-        label = (
-            "save ms (median)"
-            if target["name"] == "checkpoint_save"
-            else f"{target['variant']}/{target['baseline']}"
-        )
-        if target["name"] == "checkpoint_save" and target["max_ratio"] is not None:
+        if save and target["max_ratio"] is not None:
             goal = f"<= {target['max_ratio'] * 1e3:g}"
+        scale = 1e3 if save else 1.0
+        label = "save ms (median)" if save else f"{target['variant']}/{target['baseline']}"
         lines.append(
             f"{name:<9}{label:<38}{goal:>8}  {format_interval(target.get('wall'), '.3f', scale):<26}"
             f"{format_interval(target.get('cpu')):<26}{target['verdict'].upper()}"

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tftrain.bench import stats
+from tftrain.bench import config, report, stats
 
 __all__ = ["METRICS", "SIDES", "STARTUP_WORKLOADS", "format_startup", "run_startup", "summarize"]
 
@@ -174,11 +174,7 @@ def run_startup(
         raise ValueError(
             f"Invalid value for argument `workloads`. Received: {unknown}. Expected some of {STARTUP_WORKLOADS}."
         )
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 2:
-        raise ValueError(
-            f"Invalid value for argument `rounds`. Received: rounds={rounds!r}. Expected an integer >= 2 "
-            "(the interval needs two paired rounds)."
-        )
+    config.check_int("rounds", rounds, 2, hint=" (the interval needs two paired rounds)")
     results: dict[str, Any] = {"rounds": rounds, "confidence": confidence, "workloads": {}}
     for workload in workloads:
         runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
@@ -198,17 +194,10 @@ def format_startup(results: dict[str, Any]) -> str:
         f"startup (fresh processes, {results['rounds']} rounds, Trainer / Keras with a "
         f"{results['confidence']:.0%} interval):"
     ]
-    header = f"  {'workload':<8} {'measure':<14} {'Trainer':>9} {'Keras':>9}  {'ratio':<22}"
-    lines.append(header)
+    lines.append(f"  {'workload':<8} {'measure':<14} {'Trainer':>9} {'Keras':>9}  {'ratio':<22}")
     for workload, result in results["workloads"].items():
         for metric, row in result["summary"].items():
-            ratio = row["ratio"]
-            if ratio is None:
-                shown = "n/a"
-            elif ratio.get("low") is None:
-                shown = f"{ratio['estimate']:.2f}"
-            else:
-                shown = f"{ratio['estimate']:.2f} [{ratio['low']:.2f}-{ratio['high']:.2f}]"
+            shown = "n/a" if row["ratio"] is None else report.format_interval(row["ratio"], ".2f")
             lines.append(
                 f"  {workload:<8} {metric[:-2]:<14} {row['trainer_median_s']:>8.2f}s {row['keras_median_s']:>8.2f}s"
                 f"  {shown:<22}"

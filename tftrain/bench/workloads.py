@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tftrain.bench import config
 from tftrain.bench.config import BATCH_SIZE
 from tftrain.examples.models import NUM_CLASSES, build_cnn, build_mlp
 
@@ -72,18 +73,9 @@ def linear_compile_args() -> dict[str, Any]:
 
 def simclr_compile_args() -> dict[str, Any]:
     """LARS (momentum 0.9, weight decay 1e-4) at the program's learning rate for batch 64: 1.0 x 64 / 256."""
-    from tftrain.examples.simclr import lars
     from tftrain.examples.simclr import model as simclr_model
 
-    return dict(
-        optimizer=lars.LARS(
-            0.25,
-            momentum=0.9,
-            weight_decay=1e-4,
-            exclude_from_weight_decay=simclr_model.LARS_EXCLUDE_FROM_WEIGHT_DECAY,
-            exclude_from_layer_adaptation=simclr_model.LARS_EXCLUDE_FROM_LAYER_ADAPTATION,
-        )
-    )
+    return dict(optimizer=simclr_model.lars_optimizer(0.25, momentum=0.9, weight_decay=1e-4))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,9 +132,7 @@ class Workload:
 
     def sizes(self, quick: bool) -> tuple[int, int]:
         """Returns `(num_train, num_val)` for a full or quick run."""
-        if quick:
-            return self.quick_num_train, self.quick_num_val
-        return self.num_train, self.num_val
+        return (self.quick_num_train, self.quick_num_val) if quick else (self.num_train, self.num_val)
 
 
 def classifier_arrays(
@@ -349,10 +339,7 @@ def prepare(
     batch_size = workload.batch_size if batch_size is None else batch_size
     model_options = dict(model_options or {})
     for name, value in (("num_train", num_train), ("num_val", num_val), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= 1."
-            )
+        config.check_int(name, value, 1)
     x, y = workload.make_arrays(workload.input_shape, num_train, seed)
     val_x, val_y = workload.make_arrays(workload.input_shape, num_val, seed + 1)
     keras.utils.set_random_seed(seed)
@@ -383,23 +370,24 @@ def evaluate_classifier(model: keras.Model, dataset: tf.data.Dataset) -> dict[st
     Returns:
         A dict with `val_loss` and `val_accuracy` as Python floats.
     """
-    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    mean_loss = keras.metrics.Mean()
-    accuracy = keras.metrics.SparseCategoricalAccuracy()
-    for x, y in dataset:  # eagerly: a few forward passes, no tracing
-        logits = model(x, training=False)
-        mean_loss.update_state(loss_object(y, logits), sample_weight=tf.cast(tf.shape(y)[0], tf.float32))
-        accuracy.update_state(y, logits)
-    return {"val_loss": float(mean_loss.result()), "val_accuracy": float(accuracy.result())}
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _evaluate(model, dataset, loss, val_accuracy=keras.metrics.SparseCategoricalAccuracy())
 
 
 def evaluate_regression(model: keras.Model, dataset: tf.data.Dataset) -> dict[str, float]:
     """Untimed check of a trained regression model: mean squared error over `dataset`."""
+    return _evaluate(model, dataset, keras.losses.MeanSquaredError())
+
+
+def _evaluate(model: keras.Model, dataset: tf.data.Dataset, loss: Any, **metrics: Any) -> dict[str, float]:
+    """`val_loss`, the example-weighted mean of `loss`, and each of `metrics` over `dataset`."""
     mean_loss = keras.metrics.Mean()
-    for x, y in dataset:
-        error = keras.losses.MeanSquaredError()(y, model(x, training=False))
-        mean_loss.update_state(error, sample_weight=tf.cast(tf.shape(y)[0], tf.float32))
-    return {"val_loss": float(mean_loss.result())}
+    for x, y in dataset:  # eagerly: a few forward passes, no tracing
+        outputs = model(x, training=False)
+        mean_loss.update_state(loss(y, outputs), sample_weight=tf.cast(tf.shape(y)[0], tf.float32))
+        for metric in metrics.values():
+            metric.update_state(y, outputs)
+    return {"val_loss": float(mean_loss.result())} | {name: float(m.result()) for name, m in metrics.items()}
 
 
 WORKLOADS: dict[str, Workload] = {

@@ -42,6 +42,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tftrain.checkpoint.writer_lock import write_json
 from tftrain.errors import RunChangedError
 from tftrain.fit_inputs.epoch_order import examples_in
 from tftrain.layout import RECORD_FILE, ModelDirLayout  # noqa: F401 (RECORD_FILE stays importable here)
@@ -151,7 +152,7 @@ class Change:
         if self.key == _LAYER_CONFIGS:
             return f"the model's layers: {_config_difference(self.saved, self.now, self.names)}"
         if _is_variables(self.key):
-            owner = _optimizer_name(self.key.removesuffix(".variables"))
+            owner = self.key.removesuffix(".variables").removeprefix(OPTIMIZERS_PREFIX)
             return f"{owner}'s variables: {len(self.saved)} in the checkpoint, {len(self.now)} now"
         name = self.key.removeprefix("optimizer.").removeprefix(OPTIMIZERS_PREFIX)
         where, saved, now = _first_difference(self.saved, self.now)
@@ -178,11 +179,6 @@ def _config_difference(saved: list[Any], now: list[Any], names: tuple[str, ...])
     name = f" ({names[int(index)]})" if index.isdigit() and int(index) < len(names) else ""
     field = where[where.index("]") + 1 :].removeprefix(".") if index else where
     return f"layer {index}{name} {field or 'config'}: {_show(before)} in the checkpoint, {_show(after)} now"
-
-
-def _optimizer_name(prefix: str) -> str:
-    """`optimizer` for the model's, the Trainer's attribute name for another (`d_optimizer`)."""
-    return prefix.removeprefix(OPTIMIZERS_PREFIX)
 
 
 def _layer_difference(saved: list[str], now: list[str], names: tuple[str, ...]) -> str:
@@ -256,12 +252,9 @@ def _optimizer_record(optimizer: Any, prefix: str = "optimizer") -> dict[str, An
         return {prefix: None}
     inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer: the one the user built
     name = _class_name(optimizer) + (f"({_class_name(inner)})" if inner is not None else "")
-    record: dict[str, Any] = {prefix: name}
-    config = dict((inner or optimizer).get_config())
-    config.pop("name", None)
-    for key, value in config.items():
-        record[f"{prefix}.{key}"] = _plain(value)
-    return record
+    config = (inner or optimizer).get_config()
+    plain = {f"{prefix}.{key}": _plain(value) for key, value in config.items() if key != "name"}
+    return {prefix: name, **plain}
 
 
 def optimizers_of(model: keras.Model, state: Mapping[str, Any]) -> dict[str, Any]:
@@ -514,8 +507,7 @@ def _with_todays_names(saved: Mapping[str, Any], now: Mapping[str, Any]) -> Mapp
     flagged = HPARAMS_PREFIX + TRAINER_FLAGS_PREFIX
     renamed = dict(saved)
     for key, value in saved.items():
-        name = key[len(HPARAMS_PREFIX) :]
-        today = flagged + name
+        today = flagged + key[len(HPARAMS_PREFIX) :]
         if not key.startswith(HPARAMS_PREFIX) or today not in now or today in saved or key in now:
             continue
         del renamed[key]
@@ -701,10 +693,8 @@ def learning_rates(optimizers: Mapping[str, Any]) -> dict[str, Any]:
 
 def learning_rate_value(optimizer: Any) -> Any:
     """The optimizer's float learning rate as a NumPy value (None for a schedule, or no optimizer)."""
-    variable = getattr(optimizer, "learning_rate", None) if optimizer is not None else None
-    if isinstance(variable, keras.Variable | tf.Variable):
-        return variable.numpy()
-    return None
+    variable = getattr(optimizer, "learning_rate", None)
+    return variable.numpy() if isinstance(variable, keras.Variable | tf.Variable) else None
 
 
 def log_taken(comparison: Comparison, verbose: int) -> None:
@@ -738,10 +728,7 @@ def write_file(directory: str, record: Mapping[str, Any], comparison: Comparison
     changes += [
         {"step": step, "key": change.key, "saved": change.saved, "now": change.now} for change in comparison.taken
     ]
-    temporary = f"{path}.tmp"
-    with tf.io.gfile.GFile(temporary, "w") as file:
-        json.dump({"record": dict(record), "changes": changes}, file, indent=1, sort_keys=True)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    write_json(path, {"record": dict(record), "changes": changes}, indent=1, sort_keys=True)
     return path
 
 

@@ -201,11 +201,7 @@ def _unique_names(variables: list[Any]) -> dict[int, str]:
 
 
 def warm_start(
-    target: Any,
-    checkpoint: Any,
-    *,
-    source: str | None = None,
-    skip: str | Iterable[str] | None = None,
+    target: Any, checkpoint: Any, *, source: str | None = None, skip: str | Iterable[str] | None = None
 ) -> WarmStartReport:
     """Initialises variables of `target` from another run's checkpoint (a warm start).
 

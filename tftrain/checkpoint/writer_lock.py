@@ -57,6 +57,7 @@ __all__ = [
     "check_writer",
     "live_writer",
     "lost_directory_error",
+    "write_json",
 ]
 
 HEARTBEAT_S = 30.0
@@ -248,9 +249,8 @@ class WriterLock:
         }
 
     def _stale(self, holder: dict[str, Any]) -> bool:
-        if _ours(holder):
-            return True  # a lock of this process that is no longer held (never closed): none is live
-        return not _holder_alive(holder, self.stale_after_s)
+        # A lock of this process that is no longer held (never closed): none is live.
+        return _ours(holder) or not _holder_alive(holder, self.stale_after_s)
 
     def _read(self) -> dict[str, Any] | None:
         return _read_lock(self.path)
@@ -404,10 +404,7 @@ class WriterLock:
             os.remove(temporary)
 
     def _write(self, since: float) -> None:
-        temporary = f"{self.path}.tmp.{os.getpid()}"
-        with tf.io.gfile.GFile(temporary, "w") as handle:
-            handle.write(json.dumps(self._record(since)))
-        tf.io.gfile.rename(temporary, self.path, overwrite=True)
+        write_json(self.path, self._record(since))
         self._last_heartbeat = time.monotonic()
 
     def check(self) -> None:
@@ -467,6 +464,17 @@ class WriterLock:
                 self._owned = False
                 if _HELD.get(self._key) is self:
                     del _HELD[self._key]
+
+
+def write_json(path: str, value: Any, **options: Any) -> None:
+    """Writes `value` as JSON (`json.dumps` `options`) to `path` whole: a reader sees the old file or the new one.
+
+    Written to a temporary file beside it, then renamed over it.
+    """
+    temporary = f"{path}.tmp.{os.getpid()}"
+    with tf.io.gfile.GFile(temporary, "w") as handle:
+        handle.write(json.dumps(value, **options))
+    tf.io.gfile.rename(temporary, path, overwrite=True)
 
 
 def _ours(holder: dict[str, Any]) -> bool:

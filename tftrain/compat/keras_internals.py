@@ -21,14 +21,9 @@ import tensorflow as tf
 from tftrain.compat.private_api import TESTED_KERAS as TESTED_KERAS
 from tftrain.compat.private_api import TESTED_TENSORFLOW as TESTED_TENSORFLOW
 from tftrain.compat.private_api import attribute as _attribute
-from tftrain.compat.private_api import method as _checked_method
+from tftrain.compat.private_api import method as _method
 from tftrain.compat.private_api import missing as _missing
 from tftrain.errors import KerasInternalsError as KerasInternalsError
-
-
-def _method(obj: Any, name: str, why: str) -> Any:
-    """`obj.name`, a private method of Keras's; where it is gone, `private_api.method` raises, naming it and why."""
-    return getattr(obj, name, None) or _checked_method(obj, name, why)
 
 
 def _keras_at_least(major: int, minor: int) -> bool:
@@ -233,8 +228,7 @@ def get_data_adapter(**kwargs: Any) -> Any:
     The code `model.fit` itself runs to batch, shuffle, weight and convert its
     inputs; tftrain uses it so the Trainer takes exactly the same inputs.
     """
-    function = _attribute("keras.src.trainers.data_adapters", "get_data_adapter", "fit's inputs")
-    return function(**kwargs)
+    return _attribute("keras.src.trainers.data_adapters", "get_data_adapter", "fit's inputs")(**kwargs)
 
 
 _SHUFFLE_WRAPPED = threading.Lock()
@@ -321,8 +315,7 @@ def concat_replica_outputs(outputs: Any, strategy: tf.distribute.Strategy) -> An
 
 def concat_batches(batches: list[Any]) -> Any:
     """`predict`'s join of per-batch outputs: NumPy where shapes agree, ragged where they do not."""
-    function = _attribute("keras.src.backend.tensorflow.trainer", "potentially_ragged_concat", "predict")
-    return function(batches)
+    return _attribute("keras.src.backend.tensorflow.trainer", "potentially_ragged_concat", "predict")(batches)
 
 
 # ------------------------------------------------------------------ the learning-rate range test
@@ -359,8 +352,7 @@ def set_learning_rate_object(optimizer: Any, value: Any) -> None:
     object back, tracking neither.
     """
     learning_rate_object(optimizer)  # checks the attribute exists
-    target = _applying_optimizer(optimizer)
-    object.__setattr__(target, "_learning_rate", value)
+    object.__setattr__(_applying_optimizer(optimizer), "_learning_rate", value)
 
 
 def backend_variable(variable: Any) -> tf.Variable:

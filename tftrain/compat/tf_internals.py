@@ -234,8 +234,7 @@ def async_checkpoint_options(root: tf.train.Checkpoint) -> tf.train.CheckpointOp
     background thread).
     """
     helper = _method(root, "_async_checkpointer", _ASYNC)()
-    copy = _method(type(helper), "_copy_to_cpu", _ASYNC)
-    eager_copy = getattr(copy, "python_function", None)
+    eager_copy = getattr(_method(type(helper), "_copy_to_cpu", _ASYNC), "python_function", None)
     if eager_copy is None:
         raise _missing("`AsyncCheckpointHelper._copy_to_cpu.python_function`", _ASYNC)
     helper._copy_to_cpu = functools.partial(eager_copy, helper)
@@ -326,8 +325,7 @@ def function_body_graph(graph: tf.Graph, name: str) -> tf.Graph:
     to 2.21); its `graph` is the `FuncGraph` it was traced into, with the
     shapes and variable handle data of that trace.
     """
-    function = _method(graph, "_get_function", _FLOPS)(name)
-    body = getattr(function, "graph", None)
+    body = getattr(_method(graph, "_get_function", _FLOPS)(name), "graph", None)
     if body is None:
         raise _missing(f"the graph of function `{name}` (`AtomicFunction.graph`)", _FLOPS)
     return body

@@ -162,9 +162,8 @@ def load(
         from tftrain.data import shapes
 
         size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
-        if name == "shapes":
-            return shapes.shapes_dataset(split, image_size=size, num_examples=num_examples)
-        return shapes.synthetic_dataset(split, image_size=size, num_examples=num_examples)
+        make = shapes.shapes_dataset if name == "shapes" else shapes.synthetic_dataset
+        return make(split, image_size=size, num_examples=num_examples)
     from tftrain.data import tfds_loading  # imports tensorflow_datasets
 
     return tfds_loading.load_tfds(

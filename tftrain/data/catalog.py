@@ -69,16 +69,7 @@ class DatasetInfo:
     splits: Mapping[str, int]
 
 
-SHAPES_CLASS_NAMES = (
-    "circle",
-    "square",
-    "triangle",
-    "cross",
-    "ring",
-    "star",
-    "frame",
-    "half_disk",
-)
+SHAPES_CLASS_NAMES = ("circle", "square", "triangle", "cross", "ring", "star", "frame", "half_disk")
 """Class names of the "shapes" dataset; label `i` is `SHAPES_CLASS_NAMES[i]`."""
 
 PUBLISHED_SPLIT_SIZES = {

@@ -212,8 +212,7 @@ def shapes_dataset(split: str, image_size: int = 32, num_examples: int | None = 
         ValueError: an unknown split, or a bad `image_size` / `num_examples`.
     """
     _check_split(split)
-    if num_examples is None:
-        num_examples = DEFAULT_NUM_EXAMPLES[split]
+    num_examples = DEFAULT_NUM_EXAMPLES[split] if num_examples is None else num_examples
     images, labels = generate(split, num_examples, image_size)
     return tf.data.Dataset.from_tensor_slices((images, labels))
 
@@ -250,8 +249,7 @@ def synthetic_dataset(
     check_int("image_size", image_size, 1)
     check_int("num_classes", num_classes, 1)
     check_int("channels", channels, 1)
-    if num_examples is None:
-        num_examples = DEFAULT_NUM_EXAMPLES[split]
+    num_examples = DEFAULT_NUM_EXAMPLES[split] if num_examples is None else num_examples
     check_int("num_examples", num_examples, 1)
     shape = (image_size, image_size, channels)
     split_seed = _SYNTHETIC_SEEDS[split]

@@ -38,8 +38,6 @@ from tftrain.errors import DatasetUnavailableError
 CONNECT_TIMEOUT_S = 5.0
 """Seconds to wait for a download server to accept a connection."""
 
-_SPLIT_ALIASES = SPLIT_ALIASES  # the name this module used before `catalog.SPLIT_ALIASES`
-
 
 def _tfds():
     import tensorflow_datasets as tfds
@@ -47,15 +45,12 @@ def _tfds():
     return tfds
 
 
-def _registered_names() -> list[str]:
-    return list(_tfds().list_builders(with_community_datasets=False))
-
-
 def _unknown_name(name: str, data_dir: str | None) -> ValueError:
     wanted = base_name(name).lower()
     known = [known for known in KNOWN_DATASETS if known not in GENERATED_DATASETS]
     close = [known for known in known if known.startswith(wanted) or wanted.startswith(known)]
-    close += difflib.get_close_matches(wanted, _registered_names(), n=5, cutoff=0.6)
+    registered = _tfds().list_builders(with_community_datasets=False)
+    close += difflib.get_close_matches(wanted, list(registered), n=5, cutoff=0.6)
     close = list(dict.fromkeys(close))[:6]
     suggestion = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     where = f"data_dir={data_dir}" if data_dir else "the default data_dir"
@@ -222,36 +217,29 @@ def _connection_problem(urls: Iterable[str], timeout: float) -> str | None:
 def _download_and_prepare(builder, name: str, manual_dir: str | None) -> None:
     """Downloads and prepares `builder`'s dataset, or raises `DatasetUnavailableError` quickly."""
     root = os.fspath(builder.data_dir_root)
-    missing = f"Dataset {name!r} is not in data_dir={root}"
+
+    def unavailable(why: str) -> DatasetUnavailableError:
+        message = f"Dataset {name!r} is not in data_dir={root} and {why}. {_offline_advice(name)}"
+        return DatasetUnavailableError(message, name=name, data_dir=root)
+
     if builder.MANUAL_DOWNLOAD_INSTRUCTIONS:
         manual = manual_dir or os.path.join(root, "downloads", "manual")
         if not os.path.isdir(manual) or not os.listdir(manual):
             instructions = " ".join(textwrap.dedent(builder.MANUAL_DOWNLOAD_INSTRUCTIONS).split())
-            raise DatasetUnavailableError(
-                f"{missing} and cannot be downloaded automatically: manual_dir={manual} is "
-                f"missing or empty. tensorflow-datasets says: {instructions} Pass that "
-                f"directory as manual_dir to prepare the dataset. {_offline_advice(name)}",
-                name=name,
-                data_dir=root,
+            raise unavailable(
+                f"cannot be downloaded automatically: manual_dir={manual} is missing or empty. "
+                f"tensorflow-datasets says: {instructions} Pass that directory as manual_dir to prepare "
+                "the dataset"
             )
     else:
         problem = _connection_problem(sorted(builder.url_infos or ()), CONNECT_TIMEOUT_S)
         if problem:
-            raise DatasetUnavailableError(
-                f"{missing} and could not be downloaded: {problem}. {_offline_advice(name)}",
-                name=name,
-                data_dir=root,
-            )
+            raise unavailable(f"could not be downloaded: {problem}")
     config = _tfds().download.DownloadConfig(manual_dir=manual_dir)
     try:
         builder.download_and_prepare(download_config=config)
     except Exception as error:  # any failure here means the data is not available
-        raise DatasetUnavailableError(
-            f"{missing} and could not be downloaded and prepared: {_one_line(error)}. "
-            f"{_offline_advice(name)}",
-            name=name,
-            data_dir=root,
-        ) from None
+        raise unavailable(f"could not be downloaded and prepared: {_one_line(error)}") from None
 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
@@ -311,8 +299,7 @@ def load_tfds(
         dataset = dataset.take(num_examples)
     if image_size is not None:
         dataset = dataset.map(
-            lambda image, label: (_resize(image, image_size), label),
-            num_parallel_calls=tf.data.AUTOTUNE,
+            lambda image, label: (_resize(image, image_size), label), num_parallel_calls=tf.data.AUTOTUNE
         )
     return dataset
 
@@ -330,12 +317,9 @@ def tfds_info(name: str, *, data_dir: str | None, image_size: int | None) -> Dat
     height, width, channels = features["image"].shape
     if image_size is not None:
         height = width = image_size
-    if builder.info.splits:
-        split_dict = builder.info.splits
-    elif name in PUBLISHED_SPLIT_SIZES:
+    split_dict = builder.info.splits  # empty where the dataset is not prepared
+    if not split_dict and name in PUBLISHED_SPLIT_SIZES:
         split_dict = _published_split_dict(name)
-    else:
-        split_dict = None
     count = functools.partial(_split_count, name, split_dict, builder)
     sizes = {split: count(split) for split in _available_splits(name, split_dict or {})}
     return DatasetInfo(

@@ -55,10 +55,9 @@ def _batch_arguments(graph: tf.Graph) -> list[tf.Tensor]:
 
 def _composite_arguments(graph: tf.Graph) -> bool:
     """Whether the step takes ragged or sparse tensors (their components' first dimension is not the batch)."""
-    for spec in tf.nest.flatten(getattr(graph, "structured_input_signature", None)):
-        if isinstance(tf_internals.per_replica_spec(spec), tf.RaggedTensorSpec | tf.SparseTensorSpec):
-            return True
-    return False
+    specs = tf.nest.flatten(getattr(graph, "structured_input_signature", None))
+    composite = tf.RaggedTensorSpec | tf.SparseTensorSpec
+    return any(isinstance(tf_internals.per_replica_spec(spec), composite) for spec in specs)
 
 
 def _describe(tensors: list[tf.Tensor]) -> str:
@@ -90,8 +89,7 @@ def step_flops(
     try:
         static, relaxed = [], []
         for graph in graphs:
-            batch = _batch_arguments(graph)
-            leading = {tensor.shape[0] if tensor.shape.rank else None for tensor in batch}
+            leading = {tensor.shape[0] if tensor.shape.rank else None for tensor in _batch_arguments(graph)}
             if None in leading:
                 relaxed.append(graph)
             elif per_replica_batch is None or leading <= {per_replica_batch}:
@@ -120,18 +118,14 @@ def step_flops(
             id(tensor): tf.TensorShape([per_replica_batch]).concatenate(tensor.shape[1:])
             for tensor in unknown
         }
-        shapes = [
-            refined.get(id(tensor), tensor.shape) for tensor in tf_internals.function_arguments(graph)
-        ]
+        shapes = [refined.get(id(tensor), tensor.shape) for tensor in tf_internals.function_arguments(graph)]
         return FlopCount(graph_flops.count_graph_flops(graph, shapes) * workers)
     except ValueError as error:  # not countable: why
         return FlopCount(None, str(error))
 
 
 def _local_replicas(strategy: tf.distribute.Strategy) -> int:
-    if distribute.is_default_strategy(strategy):
-        return 1
-    return len(strategy.extended.worker_devices)
+    return 1 if distribute.is_default_strategy(strategy) else len(strategy.extended.worker_devices)
 
 
 def per_replica_batch_size(

@@ -78,8 +78,7 @@ def finite_in_graph(logs: Any, loss_limit: float | None = None) -> tf.Tensor:
 
 def examples_in(batch: Any, strategy: tf.distribute.Strategy) -> tf.Tensor:
     """In-graph count of the examples in a batch (its first tensor's rows, all local replicas)."""
-    first = tf.nest.flatten(batch)[0]
-    parts = strategy.experimental_local_results(first)
+    parts = strategy.experimental_local_results(tf.nest.flatten(batch)[0])
     return tf.add_n([inputs.examples_in_batch(part) for part in parts])
 
 
@@ -274,8 +273,7 @@ def make_single_step(
         examples = (
             tf.constant(batch_size, tf.int64) if batch_size is not None else inputs.examples_in_batch(batch)
         )
-        counts = tf.stack([tf.constant(1, tf.int64), examples, tf.cast(nonfinite, tf.int64)])
-        return counts, logs
+        return tf.stack([tf.constant(1, tf.int64), examples, tf.cast(nonfinite, tf.int64)]), logs
 
     if jit_compile:
 

@@ -436,9 +436,7 @@ def _waited(result: LoopResult) -> LoopResult:
 
 def _collected(steps: tf.Tensor, examples: tf.Tensor, outputs: Any) -> LoopResult:
     steps = int(steps)
-    if steps == 0:
-        return LoopResult(0, 0, None)
-    return LoopResult(steps, int(examples), [outputs])
+    return LoopResult(0, 0, None) if steps == 0 else LoopResult(steps, int(examples), [outputs])
 
 
 def _keras_batch(step_fn: StepFn) -> StepFn:

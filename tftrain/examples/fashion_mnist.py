@@ -106,11 +106,7 @@ def load_arrays(
     }
     if dataset == "fashion_mnist":
         try:
-            splits = {
-                split: data_lib.load("fashion_mnist", split, data_dir=data_dir, num_examples=count)
-                for split, count in sizes.items()
-            }
-            return "fashion_mnist", {split: _to_arrays(ds) for split, ds in splits.items()}
+            return "fashion_mnist", _load_splits("fashion_mnist", sizes, data_dir=data_dir)
         except data_lib.DatasetUnavailableError as error:
             if verbose:
                 print(
@@ -119,13 +115,18 @@ def load_arrays(
                     "images, 10 classes, random): timings compare, test accuracy is chance (~10%).",
                     flush=True,
                 )
-    splits = {
-        split: data_lib.load(
-            "synthetic", split, image_size=IMAGE_SIZE, num_examples=count or SPLIT_SIZES[split]
-        )
+    sizes = {split: count or SPLIT_SIZES[split] for split, count in sizes.items()}
+    return "synthetic", _load_splits("synthetic", sizes, image_size=IMAGE_SIZE)
+
+
+def _load_splits(
+    name: str, sizes: dict[str, int | None], **options: Any
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each split of dataset `name`, of `sizes[split]` examples, as arrays (`_to_arrays`)."""
+    return {
+        split: _to_arrays(data_lib.load(name, split, num_examples=count, **options))
         for split, count in sizes.items()
     }
-    return "synthetic", {split: _to_arrays(ds) for split, ds in splits.items()}
 
 
 def _to_arrays(dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -299,16 +300,9 @@ def summary_line(result: dict[str, Any]) -> str:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    result = run(
-        FLAGS.model,
-        FLAGS.mode,
-        epochs=FLAGS.epochs,
-        batch_size=FLAGS.batch_size,
-        steps_per_loop=FLAGS.steps_per_loop,
-        num_examples=FLAGS.num_examples,
-        dataset=FLAGS.dataset,
-        data_dir=FLAGS.data_dir,
-    )
+    # The flags named as `run`'s keyword arguments.
+    keywords = ("epochs", "batch_size", "steps_per_loop", "num_examples", "dataset", "data_dir")
+    result = run(FLAGS.model, FLAGS.mode, **{name: FLAGS[name].value for name in keywords})
     print(f"timing ({result['mode']}):\n{result['timing_summary']}")
     print(summary_line(result))
 

@@ -35,10 +35,6 @@ def check_resume_sources(callbacks: Any, model_dir: str) -> None:
             )
 
 
-def _spec_is_none(spec: Any) -> bool:
-    return spec is None or isinstance(spec, tf.OptionalSpec)
-
-
 def check_targets(model: keras.Model, element_spec: Any, argument: str) -> None:
     """A compiled loss with Keras's own loss computation needs targets; raises if the data yields none.
 
@@ -50,7 +46,7 @@ def check_targets(model: keras.Model, element_spec: Any, argument: str) -> None:
     if type(model).compute_loss is not keras.Model.compute_loss:
         return
     x, y, _ = keras.utils.unpack_x_y_sample_weight(element_spec)
-    if _spec_is_none(y):
+    if y is None or isinstance(y, tf.OptionalSpec):
         hint = ""
         if isinstance(x, tuple) and len(x) in (2, 3):
             hint = " (A tuple `(x, y)` given as `x` is read as several inputs, as model.fit reads it: write fit(x, y).)"

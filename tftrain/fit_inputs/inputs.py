@@ -37,8 +37,7 @@ _EXPECTED_INPUTS = (
 
 def keras_step_limit(steps: int | None, steps_argument: str) -> int | None:
     """`steps`, capped by `keras.config.set_max_steps_per_epoch` as Keras caps it (with its warning)."""
-    limit = getattr(keras.config, "max_steps_per_epoch", None)  # Keras >= 3.10
-    maximum = limit() if limit is not None else None
+    maximum = keras.config.max_steps_per_epoch()
     if maximum and (not steps or maximum < steps):
         warnings.warn(f"Limiting {steps_argument} to {maximum}", stacklevel=3)
         return maximum
@@ -47,8 +46,7 @@ def keras_step_limit(steps: int | None, steps_argument: str) -> int | None:
 
 def keras_epoch_limit(epochs: int) -> int:
     """`epochs`, capped by `keras.config.set_max_epochs` as Keras caps it (with its warning)."""
-    limit = getattr(keras.config, "max_epochs", None)  # Keras >= 3.10
-    maximum = limit() if limit is not None else None
+    maximum = keras.config.max_epochs()
     if maximum and maximum < epochs:
         warnings.warn(f"Limiting epochs to {maximum}", stacklevel=3)
         return maximum
@@ -232,14 +230,7 @@ def adapt(
             dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     if from_limit and 0 < int(dataset.cardinality()) < steps:
         steps = int(dataset.cardinality())  # keras.config's cap is an upper bound, not a request
-    return AdaptedInput(
-        dataset=dataset,
-        adapter=adapter,
-        kind=kind,
-        steps=steps,
-        argument=argument,
-        steps_argument=steps_argument,
-    )
+    return AdaptedInput(dataset, adapter, kind, steps, argument, steps_argument)
 
 
 def _adapt_distributed(
@@ -274,14 +265,7 @@ def _adapt_distributed(
         )
     data = DistributedData(x)
     _check_batched(data, argument)
-    return AdaptedInput(
-        dataset=data,
-        adapter=None,
-        kind="distributed",
-        steps=steps,
-        argument=argument,
-        steps_argument=steps_argument,
-    )
+    return AdaptedInput(data, None, "distributed", steps, argument, steps_argument)
 
 
 def split_validation(

@@ -99,10 +99,7 @@ class TimingReport:
             ("first step (trace+compile+run)", _format_seconds(self.first_step_s)),
             ("step time median", _format_seconds(self.step_time_median_s)),
             ("step time p90", _format_seconds(self.step_time_p90_s)),
-            (
-                "examples/sec",
-                "n/a" if self.examples_per_sec is None else f"{self.examples_per_sec:,.1f}",
-            ),
+            ("examples/sec", "n/a" if self.examples_per_sec is None else f"{self.examples_per_sec:,.1f}"),
         ]
         if self.flops_per_step is not None:  # asked for and counted (`count_flops=True`)
             rows.append(("FLOPs per step", _format_flops(self.flops_per_step, "FLOP")))

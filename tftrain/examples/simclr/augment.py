@@ -328,10 +328,7 @@ def preprocess_for_eval(image: tf.Tensor, height: int, width: int, crop: bool = 
     """
     _check_size(height, width)
     image = tf.convert_to_tensor(image, tf.float32)
-    if crop:
-        image = _center_crop(image, height, width, CROP_PROPORTION)
-    else:
-        image = _resize(image, height, width)
+    image = _center_crop(image, height, width, CROP_PROPORTION) if crop else _resize(image, height, width)
     return _clip(tf.reshape(image, [height, width, 3]))
 
 

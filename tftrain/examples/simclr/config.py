@@ -456,8 +456,7 @@ class Resolved:
         if self.trainer_sources:
             lines.append("tftrain.Trainer's other options (tftrain.flags):")
         for name, source in self.trainer_sources.items():
-            value = trainer_option_value(self.config, name)
-            lines.append(f"  {name:<{width}} = {value!r:<24} ({source})")
+            lines.append(f"  {name:<{width}} = {trainer_option_value(self.config, name)!r:<24} ({source})")
         return "\n".join(lines)
 
 

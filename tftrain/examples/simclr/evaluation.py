@@ -90,9 +90,7 @@ def evaluate_checkpoints(
     restored = restore_latest(trainer.model, model_dir)
     step = max(per_step)
     results = reference_results(trainer.model, per_step[step], step)
-    results["eval_results"] = {str(s): logs for s, logs in per_step.items()}
-    results["restored"] = restored
-    return results
+    return {**results, "eval_results": {str(s): logs for s, logs in per_step.items()}, "restored": restored}
 
 
 def restore_latest(model: keras.Model, model_dir: str) -> str:

@@ -24,7 +24,7 @@ import tftrain
 from tftrain import data as data_lib
 from tftrain import distribute
 from tftrain.examples.simclr import config as config_lib
-from tftrain.examples.simclr import evaluation, lars, pipeline, schedule
+from tftrain.examples.simclr import evaluation, pipeline, schedule
 from tftrain.examples.simclr import model as model_lib
 
 # The configuration lives in config.py; these names stay importable from here.
@@ -106,13 +106,7 @@ class _StopAtStep(keras.callbacks.Callback):
 
 def _optimizer(config: Config, learning_rate: Any) -> keras.optimizers.Optimizer:
     if config.optimizer == "lars":
-        return lars.LARS(
-            learning_rate,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            exclude_from_weight_decay=model_lib.LARS_EXCLUDE_FROM_WEIGHT_DECAY,
-            exclude_from_layer_adaptation=model_lib.LARS_EXCLUDE_FROM_LAYER_ADAPTATION,
-        )
+        return model_lib.lars_optimizer(learning_rate, config.momentum, config.weight_decay)
     if config.optimizer == "momentum":
         return keras.optimizers.SGD(learning_rate, momentum=config.momentum, nesterov=True)
     return keras.optimizers.Adam(learning_rate)
@@ -230,16 +224,11 @@ def run(config: Config, *, hparams: Mapping[str, Any] | None = None) -> dict[str
         train_data = dataset(
             config.train_split, training=True, num_examples=num_train, batch_size=config.train_batch_size
         )
+        # The pipeline shuffles, seeded: `shuffle` would only warn.
+        fit_args = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False, verbose=config.verbose)
         start = time.perf_counter()
         if config.loop == "trainer":
-            history = trainer.fit(  # the pipeline shuffles, seeded: `shuffle` would only warn
-                train_data,
-                epochs=epochs,
-                steps_per_epoch=steps_per_epoch,
-                total_steps=total_steps,
-                shuffle=False,
-                verbose=config.verbose,
-            )
+            history = trainer.fit(train_data, total_steps=total_steps, **fit_args)
             results["timing"] = trainer.timing.to_dict() if trainer.timing else None
         else:
             model.run_eagerly = not trainer.options.use_tf_function
@@ -252,14 +241,7 @@ def run(config: Config, *, hparams: Mapping[str, Any] | None = None) -> dict[str
                     max_to_keep=trainer.run_options.max_to_keep,
                 )
             callbacks.append(_StopAtStep(total_steps))
-            history = model.fit(
-                train_data,
-                epochs=epochs,
-                steps_per_epoch=steps_per_epoch,
-                callbacks=callbacks,
-                shuffle=False,
-                verbose=config.verbose,
-            )
+            history = model.fit(train_data, callbacks=callbacks, **fit_args)
         train_seconds = time.perf_counter() - start
         results["train_logs"] = {key: float(values[-1]) for key, values in history.history.items() if values}
         results["global_step"] = int(model.optimizer.iterations.numpy())
@@ -368,9 +350,7 @@ class SalientTensors(tf.Module):
         hidden = tensors["final_avg_pool"]
         projection, probe_input = self.projection_head(hidden, training=trainable)
         tensors.update(
-            proj_head_input=hidden,
-            proj_head_output=projection,
-            logits_sup=self.supervised_head(probe_input),
+            proj_head_input=hidden, proj_head_output=projection, logits_sup=self.supervised_head(probe_input)
         )
         return tensors
 

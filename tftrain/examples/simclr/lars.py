@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 from keras import ops
@@ -20,6 +21,13 @@ def _names(argument: str, value: Sequence[str] | str | None) -> tuple[str, ...] 
             "Expected a sequence of strings (substrings of variable paths), or None."
         )
     return tuple(value)
+
+
+def _check_float(argument: str, value: Any, valid: Callable[[float], bool], expected: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not valid(value):
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={value!r}. Expected a float {expected}."
+        )
 
 
 def _as_list(names: tuple[str, ...] | None) -> list[str] | None:
@@ -85,22 +93,10 @@ class LARS(keras.optimizers.Optimizer):
         **kwargs,
     ):
         super().__init__(learning_rate=learning_rate, weight_decay=None, name=name, **kwargs)
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum <= 1:
-            raise ValueError(
-                f"Invalid value for argument `momentum`. Received: momentum={momentum!r}. "
-                "Expected a float in [0, 1]."
-            )
-        if weight_decay is None:
-            weight_decay = 0.0
-        if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or weight_decay < 0:
-            raise ValueError(
-                f"Invalid value for argument `weight_decay`. Received: weight_decay={weight_decay!r}. "
-                "Expected a float >= 0."
-            )
-        if isinstance(eeta, bool) or not isinstance(eeta, (int, float)) or not eeta > 0:
-            raise ValueError(
-                f"Invalid value for argument `eeta`. Received: eeta={eeta!r}. Expected a float > 0."
-            )
+        _check_float("momentum", momentum, lambda value: 0 <= value <= 1, "in [0, 1]")
+        weight_decay = 0.0 if weight_decay is None else weight_decay
+        _check_float("weight_decay", weight_decay, lambda value: value >= 0, ">= 0")
+        _check_float("eeta", eeta, lambda value: value > 0, "> 0")
         self.momentum = float(momentum)
         # Not `self.weight_decay`: the base class would also apply it as decoupled decay.
         self.lars_weight_decay = float(weight_decay)
@@ -139,9 +135,7 @@ class LARS(keras.optimizers.Optimizer):
 
     def _do_layer_adaptation(self, variable) -> bool:
         patterns = self.layer_adaptation_exclusions
-        if patterns is None:
-            patterns = self.weight_decay_exclusions
-        return not self._excluded(variable, patterns)
+        return not self._excluded(variable, self.weight_decay_exclusions if patterns is None else patterns)
 
     def _trust_ratio(self, weights, update):
         """eeta * ||weights|| / ||update||, or 1 where either norm is 0."""
@@ -169,40 +163,27 @@ class LARS(keras.optimizers.Optimizer):
         adapt = self._do_layer_adaptation(variable)
 
         if self.classic_momentum:
-            scaled_lr = learning_rate
-            if adapt:
-                scaled_lr = learning_rate * self._trust_ratio(weights, gradient)
+            scaled_lr = learning_rate * self._trust_ratio(weights, gradient) if adapt else learning_rate
             next_velocity = momentum * velocity + scaled_lr * gradient
-            if self.nesterov:
-                update = momentum * next_velocity + scaled_lr * gradient
-            else:
-                update = next_velocity
+            update = momentum * next_velocity + scaled_lr * gradient if self.nesterov else next_velocity
             next_weights = weights - update
         else:
             next_velocity = momentum * velocity + gradient
-            if self.nesterov:
-                update = momentum * next_velocity + gradient
-            else:
-                update = next_velocity
-            scaled_lr = learning_rate
-            if adapt:
-                scaled_lr = learning_rate * self._trust_ratio(weights, update)
+            update = momentum * next_velocity + gradient if self.nesterov else next_velocity
+            scaled_lr = learning_rate * self._trust_ratio(weights, update) if adapt else learning_rate
             next_weights = weights - scaled_lr * update
         self.assign(velocity, next_velocity)
         self.assign(variable, next_weights)
 
     def get_config(self) -> dict:
         """Returns the optimizer's config; `LARS.from_config` rebuilds it."""
-        config = super().get_config()
-        config.update(
-            {
-                "momentum": self.momentum,
-                "weight_decay": self.lars_weight_decay,
-                "eeta": self.eeta,
-                "classic_momentum": self.classic_momentum,
-                "nesterov": self.nesterov,
-                "exclude_from_weight_decay": _as_list(self.weight_decay_exclusions),
-                "exclude_from_layer_adaptation": _as_list(self.layer_adaptation_exclusions),
-            }
-        )
-        return config
+        return {
+            **super().get_config(),
+            "momentum": self.momentum,
+            "weight_decay": self.lars_weight_decay,
+            "eeta": self.eeta,
+            "classic_momentum": self.classic_momentum,
+            "nesterov": self.nesterov,
+            "exclude_from_weight_decay": _as_list(self.weight_decay_exclusions),
+            "exclude_from_layer_adaptation": _as_list(self.layer_adaptation_exclusions),
+        }

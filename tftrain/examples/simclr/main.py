@@ -21,6 +21,8 @@ read, prints every value and its source, and passes plain values to `run`.
 
 from __future__ import annotations
 
+import dataclasses
+
 from absl import app, flags
 
 import tftrain
@@ -30,118 +32,97 @@ from tftrain.examples.simclr import experiment
 
 FLAGS = flags.FLAGS
 _D = config_lib.Config()  # one source of defaults: the reference's, and tftrain's for its own flags
+_DEFINE = {
+    "bool": flags.DEFINE_bool,
+    "bool | None": flags.DEFINE_bool,
+    "int": flags.DEFINE_integer,
+    "int | None": flags.DEFINE_integer,
+    "float": flags.DEFINE_float,
+    "str": flags.DEFINE_string,
+    "str | None": flags.DEFINE_string,
+}
+_FIELD_TYPES = {field.name: field.type for field in dataclasses.fields(config_lib.Config)}
+
+
+def _define(name: str, help_text: str, choices: list[str] | None = None) -> None:
+    """Defines the flag of setting `name`, of its field's type and `Config`'s default (an enum with `choices`)."""
+    if choices is not None:
+        flags.DEFINE_enum(name, getattr(_D, name), choices, help_text)
+    else:
+        _DEFINE[_FIELD_TYPES[name]](name, getattr(_D, name), help_text)
+
 
 # ---------------------------------------------------------------- the reference's flags (tf2/run.py)
-flags.DEFINE_float(
-    "learning_rate", _D.learning_rate, "Base learning rate (per 256 examples with linear scaling)."
+_define("learning_rate", "Base learning rate (per 256 examples with linear scaling).")
+_define("learning_rate_scaling", "How the rate scales with the batch.", ["linear", "sqrt"])
+_define("warmup_epochs", "Epochs of linear learning-rate warmup.")
+_define("weight_decay", "Weight decay.")
+_define("batch_norm_decay", "Batch norm moving-average momentum.")
+_define("train_batch_size", "Global training batch size.")
+_define("train_split", "Split to train on: any tensorflow-datasets split string (train, train[:10%], ...).")
+_define("train_epochs", "Training epochs (when --train_steps is 0).")
+_define("train_steps", "Training steps; 0: N * train_epochs // batch + 1.")
+_define("eval_steps", "Evaluation batches; 0: the whole eval split.")
+_define("eval_batch_size", "Global evaluation batch size.")
+_define("checkpoint_epochs", "Epochs between checkpoints and summaries.")
+_define("checkpoint_steps", "Steps between checkpoints and summaries; wins over epochs unless 0.")
+_define(
+    "eval_split", "Split to evaluate on: any tensorflow-datasets split string (validation, test[50%:], ...)."
 )
-flags.DEFINE_enum(
-    "learning_rate_scaling",
-    _D.learning_rate_scaling,
-    ["linear", "sqrt"],
-    "How the rate scales with the batch.",
-)
-flags.DEFINE_float("warmup_epochs", _D.warmup_epochs, "Epochs of linear learning-rate warmup.")
-flags.DEFINE_float("weight_decay", _D.weight_decay, "Weight decay.")
-flags.DEFINE_float("batch_norm_decay", _D.batch_norm_decay, "Batch norm moving-average momentum.")
-flags.DEFINE_integer("train_batch_size", _D.train_batch_size, "Global training batch size.")
-flags.DEFINE_string(
-    "train_split",
-    _D.train_split,
-    "Split to train on: any tensorflow-datasets split string (train, train[:10%], ...).",
-)
-flags.DEFINE_integer("train_epochs", _D.train_epochs, "Training epochs (when --train_steps is 0).")
-flags.DEFINE_integer("train_steps", _D.train_steps, "Training steps; 0: N * train_epochs // batch + 1.")
-flags.DEFINE_integer("eval_steps", _D.eval_steps, "Evaluation batches; 0: the whole eval split.")
-flags.DEFINE_integer("eval_batch_size", _D.eval_batch_size, "Global evaluation batch size.")
-flags.DEFINE_integer("checkpoint_epochs", _D.checkpoint_epochs, "Epochs between checkpoints and summaries.")
-flags.DEFINE_integer(
-    "checkpoint_steps",
-    _D.checkpoint_steps,
-    "Steps between checkpoints and summaries; wins over epochs unless 0.",
-)
-flags.DEFINE_string(
-    "eval_split",
-    _D.eval_split,
-    "Split to evaluate on: any tensorflow-datasets split string (validation, test[50%:], ...).",
-)
-flags.DEFINE_string(
+_define(
     "dataset",
-    _D.dataset,
     "Dataset: any tensorflow-datasets image classification name, optionally with a config and version "
     f"(imagenet2012_subset/1pct, cifar10:3.0.2), e.g. {', '.join(experiment.KNOWN_DATASETS)} "
     "(shapes and synthetic are generated offline).",
 )
-flags.DEFINE_bool("cache_dataset", _D.cache_dataset, "Keep the decoded dataset in memory (small datasets).")
-flags.DEFINE_enum("mode", _D.mode, ["train", "eval", "train_then_eval"], "What to do.")
-flags.DEFINE_enum(
-    "train_mode", _D.train_mode, ["pretrain", "finetune"], "Contrastive pretraining or supervised finetuning."
-)
-flags.DEFINE_bool(
-    "lineareval_while_pretraining",
-    _D.lineareval_while_pretraining,
-    "Train a linear probe on stop-gradient features while pretraining.",
-)
-flags.DEFINE_string(
+_define("cache_dataset", "Keep the decoded dataset in memory (small datasets).")
+_define("mode", "What to do.", ["train", "eval", "train_then_eval"])
+_define("train_mode", "Contrastive pretraining or supervised finetuning.", ["pretrain", "finetune"])
+_define("lineareval_while_pretraining", "Train a linear probe on stop-gradient features while pretraining.")
+_define(
     "checkpoint",
-    _D.checkpoint,
     "With --train_mode=finetune: a pretraining run's checkpoint (or its checkpoints directory) to "
     "initialise the encoder and the projection layers below --ft_proj_selector from.",
 )
-flags.DEFINE_bool(
-    "zero_init_logits_layer", _D.zero_init_logits_layer, "Finetune mode: the supervised head starts at zero."
-)
-flags.DEFINE_integer(
+_define("zero_init_logits_layer", "Finetune mode: the supervised head starts at zero.")
+_define(
     "fine_tune_after_block",
-    _D.fine_tune_after_block,
     "Finetune mode: freeze the encoder up to this block group (0: the stem, 4: all of it: only the "
     "heads train); -1 fine-tunes every layer.",
 )
-flags.DEFINE_string("master", _D.master, "TPU address used when --tpu_name is not given.")
-flags.DEFINE_string(
-    "model_dir", _D.model_dir, "Checkpoints, TensorBoard files and result.json (reruns resume)."
-)
-flags.DEFINE_string("data_dir", _D.data_dir, "tensorflow-datasets data directory.")
-flags.DEFINE_bool(
-    "use_tpu", _D.use_tpu, "Train on a TPU (the reference's default; --use_tpu=False otherwise)."
-)
-flags.DEFINE_string("tpu_name", _D.tpu_name, "TPU name or grpc:// address.")
-flags.DEFINE_string(
-    "tpu_zone", _D.tpu_zone, "Not supported by tftrain: give the TPU's address as --tpu_name."
-)
-flags.DEFINE_string(
-    "gcp_project", _D.gcp_project, "Not supported by tftrain: give the TPU's address as --tpu_name."
-)
-flags.DEFINE_enum("optimizer", _D.optimizer, ["momentum", "adam", "lars"], "Optimizer.")
-flags.DEFINE_float("momentum", _D.momentum, "Momentum of LARS and SGD.")
-flags.DEFINE_string("eval_name", _D.eval_name, "A name for the evaluation, recorded in result.json.")
-flags.DEFINE_integer("keep_checkpoint_max", _D.keep_checkpoint_max, "Checkpoints kept in --model_dir.")
-flags.DEFINE_integer(
+_define("master", "TPU address used when --tpu_name is not given.")
+_define("model_dir", "Checkpoints, TensorBoard files and result.json (reruns resume).")
+_define("data_dir", "tensorflow-datasets data directory.")
+_define("use_tpu", "Train on a TPU (the reference's default; --use_tpu=False otherwise).")
+_define("tpu_name", "TPU name or grpc:// address.")
+_define("tpu_zone", "Not supported by tftrain: give the TPU's address as --tpu_name.")
+_define("gcp_project", "Not supported by tftrain: give the TPU's address as --tpu_name.")
+_define("optimizer", "Optimizer.", ["momentum", "adam", "lars"])
+_define("momentum", "Momentum of LARS and SGD.")
+_define("eval_name", "A name for the evaluation, recorded in result.json.")
+_define("keep_checkpoint_max", "Checkpoints kept in --model_dir.")
+_define(
     "keep_hub_module_max",
-    _D.keep_hub_module_max,
     "Encoder SavedModels kept in --model_dir/saved_model (one per evaluation); 0: export none.",
 )
-flags.DEFINE_float("temperature", _D.temperature, "NT-Xent temperature.")
-flags.DEFINE_bool("hidden_norm", _D.hidden_norm, "L2-normalize projections in the contrastive loss.")
-flags.DEFINE_enum("proj_head_mode", _D.proj_head_mode, ["none", "linear", "nonlinear"], "Projection head.")
-flags.DEFINE_integer("proj_out_dim", _D.proj_out_dim, "Projection output size.")
-flags.DEFINE_integer("num_proj_layers", _D.num_proj_layers, "Layers of a nonlinear projection head.")
-flags.DEFINE_integer(
+_define("temperature", "NT-Xent temperature.")
+_define("hidden_norm", "L2-normalize projections in the contrastive loss.")
+_define("proj_head_mode", "Projection head.", ["none", "linear", "nonlinear"])
+_define("proj_out_dim", "Projection output size.")
+_define("num_proj_layers", "Layers of a nonlinear projection head.")
+_define(
     "ft_proj_selector",
-    _D.ft_proj_selector,
     "Projection layer whose output feeds the probe and finetuning: 0 none (the encoder's output), "
     "-1 the last layer.",
 )
-flags.DEFINE_bool("global_bn", _D.global_bn, "Batch norm statistics over all replicas.")
-flags.DEFINE_float(
-    "width_multiplier", _D.width_multiplier, "ResNet width multiplier (fractional: tftrain's)."
-)
-flags.DEFINE_integer("resnet_depth", _D.resnet_depth, "ResNet depth: 18, 34, 50, 101, 152 or 200.")
-flags.DEFINE_float("sk_ratio", _D.sk_ratio, "> 0: selective kernels (SimCLRv2; e.g. 0.0625).")
-flags.DEFINE_float("se_ratio", _D.se_ratio, "> 0: squeeze-and-excitation in each block.")
-flags.DEFINE_integer("image_size", _D.image_size, "Input image size (after cropping).")
-flags.DEFINE_float("color_jitter_strength", _D.color_jitter_strength, "Colour distortion strength.")
-flags.DEFINE_bool("use_blur", _D.use_blur, "Random Gaussian blur in pretraining.")
+_define("global_bn", "Batch norm statistics over all replicas.")
+_define("width_multiplier", "ResNet width multiplier (fractional: tftrain's).")
+_define("resnet_depth", "ResNet depth: 18, 34, 50, 101, 152 or 200.")
+_define("sk_ratio", "> 0: selective kernels (SimCLRv2; e.g. 0.0625).")
+_define("se_ratio", "> 0: squeeze-and-excitation in each block.")
+_define("image_size", "Input image size (after cropping).")
+_define("color_jitter_strength", "Colour distortion strength.")
+_define("use_blur", "Random Gaussian blur in pretraining.")
 
 # ---------------------------------------------------------------- tftrain's flags
 flags.DEFINE_string(
@@ -150,53 +131,29 @@ flags.DEFINE_string(
     f"Defaults for a purpose: one of {', '.join(config_lib.RECIPES)}. Default: cpu_demo without "
     "--dataset, reference with it. Flags given on the command line win.",
 )
-flags.DEFINE_enum(
-    "loop", _D.loop, ["trainer", "fit"], "tftrain.Trainer.fit or keras Model.fit (same train_step)."
-)
-flags.DEFINE_integer("num_train_examples", _D.num_train_examples, "Use only this many training examples.")
-flags.DEFINE_integer("num_eval_examples", _D.num_eval_examples, "Use only this many evaluation examples.")
-flags.DEFINE_float(
-    "min_crop_area", _D.min_crop_area, "Smallest random crop, as a fraction of the image area."
-)
-flags.DEFINE_bool(
-    "cifar_stem", _D.cifar_stem, "Small-image stem (default: image_size <= 32, as the reference)."
-)
-flags.DEFINE_bool(
-    "linear_eval",
-    _D.linear_eval,
-    "After training, score linear probes on the frozen trained and random encoders.",
-)
-flags.DEFINE_integer(
+_define("loop", "tftrain.Trainer.fit or keras Model.fit (same train_step).", ["trainer", "fit"])
+_define("num_train_examples", "Use only this many training examples.")
+_define("num_eval_examples", "Use only this many evaluation examples.")
+_define("min_crop_area", "Smallest random crop, as a fraction of the image area.")
+_define("cifar_stem", "Small-image stem (default: image_size <= 32, as the reference).")
+_define("linear_eval", "After training, score linear probes on the frozen trained and random encoders.")
+_define(
     "train_summary_steps",
-    _D.train_summary_steps,
     "Also write training summaries every this many steps; 0: with each checkpoint (as the TF2 reference).",
 )
-flags.DEFINE_float(
-    "eval_timeout_s",
-    _D.eval_timeout_s,
-    "--mode=eval: seconds to wait for the next checkpoint of --model_dir.",
-)
-flags.DEFINE_bool(
-    "use_gpu", _D.use_gpu, "Train on the visible GPUs (default: when any is visible and not --use_tpu)."
-)
-flags.DEFINE_integer("num_cpu_devices", _D.num_cpu_devices, "Split the CPU into this many replicas.")
-flags.DEFINE_integer("seed", _D.seed, "Random seed.")
-flags.DEFINE_integer("verbose", _D.verbose, "0 silent, 1 progress bars, 2 one line per epoch.")
+_define("eval_timeout_s", "--mode=eval: seconds to wait for the next checkpoint of --model_dir.")
+_define("use_gpu", "Train on the visible GPUs (default: when any is visible and not --use_tpu).")
+_define("num_cpu_devices", "Split the CPU into this many replicas.")
+_define("seed", "Random seed.")
+_define("verbose", "0 silent, 1 progress bars, 2 one line per epoch.")
 
 
 # ---------------------------------------------------------------- the Trainer's other options (tftrain.flags)
-def _trainer_options_set_by_the_program() -> dict[str, object]:
-    """The program's `model_dir` for the Trainer flags' parse-time check: many options need one.
-
-    `--keep_checkpoint_max` and `--train_summary_steps` are checked with the
-    rest of the configuration (`config_lib.resolve`), under their own names.
-    """
-    return config_lib.checkable({"model_dir": FLAGS["model_dir"].value})
-
-
 trainer_flags.define_trainer_flags(
     exclude=[*config_lib.TRAINER_OPTIONS_SET_BY, *config_lib.RUN_ARGUMENTS_SET_BY],
-    program_values=_trainer_options_set_by_the_program,
+    # The program's `model_dir` for the Trainer flags' parse-time check (many options need one);
+    # --keep_checkpoint_max and --train_summary_steps are checked with the rest of the configuration.
+    program_values=lambda: config_lib.checkable({"model_dir": FLAGS["model_dir"].value}),
 )
 for _name, _default in config_lib.PROGRAM_TRAINER_DEFAULTS.items():
     FLAGS.set_default(_name, str(_default))

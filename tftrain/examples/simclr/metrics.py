@@ -16,10 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-
-def _check_k(k: object) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"Invalid value for argument `k`. Received: k={k!r}. Expected an integer >= 1.")
+from tftrain.arguments import check_int
 
 
 def label_top_k_hits(labels: tf.Tensor, logits: tf.Tensor, k: int = 1) -> tf.Tensor:
@@ -40,7 +37,7 @@ def label_top_k_hits(labels: tf.Tensor, logits: tf.Tensor, k: int = 1) -> tf.Ten
     Raises:
         ValueError: `k` is not an integer >= 1.
     """
-    _check_k(k)
+    check_int("k", k)
     logits = tf.convert_to_tensor(logits)
     labels = tf.reshape(tf.cast(labels, tf.int64), tf.shape(logits)[:-1])
     if k == 1:
@@ -66,7 +63,7 @@ class LabelTopKAccuracy(keras.metrics.MeanMetricWrapper):
     """
 
     def __init__(self, k: int = 1, name: str | None = None, dtype: Any = None):
-        _check_k(k)
+        check_int("k", k)
         super().__init__(label_top_k_hits, name=name or f"label_top_{k}_accuracy", dtype=dtype, k=k)
         self.k = k
 

@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 import tftrain
-from tftrain.examples.simclr import batch_norm, objective, resnet
+from tftrain.examples.simclr import batch_norm, lars, objective, resnet
 from tftrain.examples.simclr import metrics as metrics_lib
 
 PROJ_HEAD_MODES = ("none", "linear", "nonlinear")
@@ -32,6 +32,17 @@ LARS_EXCLUDE_FROM_WEIGHT_DECAY = ("batch_normalization", "bias", "head_supervise
 LARS_EXCLUDE_FROM_LAYER_ADAPTATION = LARS_EXCLUDE_FROM_WEIGHT_DECAY
 # The reference's dense layers in the heads start from N(0, 0.01).
 HEAD_KERNEL_STDDEV = 0.01
+
+
+def lars_optimizer(learning_rate: Any, momentum: float, weight_decay: float) -> lars.LARS:
+    """LARS as SimCLR trains with it: no weight decay or layer adaptation for batch norm, biases and the probe."""
+    return lars.LARS(
+        learning_rate,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        exclude_from_weight_decay=LARS_EXCLUDE_FROM_WEIGHT_DECAY,
+        exclude_from_layer_adaptation=LARS_EXCLUDE_FROM_LAYER_ADAPTATION,
+    )
 
 
 class ProjectionHead(keras.layers.Layer):
@@ -255,8 +266,7 @@ class SimCLRModel(tftrain.CustomModel):
         projection, probe_input = self.projection_head(hidden, training=training)
         if self.train_mode == "pretrain":
             probe_input = tf.stop_gradient(probe_input)
-        logits = self.supervised_head(probe_input)
-        return projection, logits
+        return projection, self.supervised_head(probe_input)
 
     def build_for(self, image_size: int) -> None:
         """Creates every variable by running one image through the model."""

@@ -93,5 +93,4 @@ def contrastive_loss(
 
     loss_a = tf.nn.softmax_cross_entropy_with_logits(labels, tf.concat([logits_ab, logits_aa], axis=1))
     loss_b = tf.nn.softmax_cross_entropy_with_logits(labels, tf.concat([logits_ba, logits_bb], axis=1))
-    loss = tf.reduce_mean(loss_a + loss_b)
-    return loss, logits_ab, labels
+    return tf.reduce_mean(loss_a + loss_b), logits_ab, labels

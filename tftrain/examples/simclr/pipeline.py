@@ -287,5 +287,4 @@ def build_dataset(
         return tf.concat(slices, axis=0), labels
 
     mapped = images.enumerate().map(training_features, num_parallel_calls=tf.data.AUTOTUNE)
-    batched = mapped.batch(batch_size, drop_remainder=True).map(finish_batch)
-    return batched.prefetch(tf.data.AUTOTUNE)
+    return mapped.batch(batch_size, drop_remainder=True).map(finish_batch).prefetch(tf.data.AUTOTUNE)

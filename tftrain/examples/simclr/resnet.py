@@ -237,8 +237,7 @@ def resnet(
             `fine_tune_after_block` outside -1..4.
     """
     _check(depth, width_multiplier)
-    if input_shape is None:
-        input_shape = (None, None, 3)
+    input_shape = (None, None, 3) if input_shape is None else input_shape
     if len(tuple(input_shape)) != 3:
         raise ValueError(
             f"Invalid value for argument `input_shape`. Received: input_shape={input_shape!r}. "

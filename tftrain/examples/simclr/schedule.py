@@ -21,10 +21,7 @@ def _check_positive_int(argument: str, value, allow_none: bool = False) -> None:
 
 
 def train_steps_of(
-    num_examples: int,
-    train_steps: int | None,
-    train_epochs: int | None,
-    train_batch_size: int,
+    num_examples: int, train_steps: int | None, train_epochs: int | None, train_batch_size: int
 ) -> int:
     """Returns the number of training steps of a run.
 
