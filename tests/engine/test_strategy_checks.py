@@ -54,6 +54,17 @@ def test_a_model_built_outside_the_scope_after_the_trainer_was_made_is_refused_a
         trainer.fit(np.zeros((4, 2), "float32"), np.zeros((4, 1), "float32"), batch_size=2, verbose=0)
 
 
+def test_a_new_optimizer_compiled_outside_the_scope_after_the_trainer_was_made_is_refused_at_fit(
+    one_device_mirrored,
+):
+    with one_device_mirrored.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    trainer = tftrain.Trainer(model, "sgd", "mse", strategy=one_device_mirrored)
+    model.compile(keras.optimizers.Adam(1e-4), "mse")  # outside the scope: its variables are not mirrored
+    with pytest.raises(ValueError, match="was not created in the scope"):
+        trainer.fit(np.zeros((4, 2), "float32"), np.zeros((4, 1), "float32"), batch_size=2, verbose=0)
+
+
 def test_an_unused_optimizer_made_outside_the_scope_is_recreated_inside(one_device_mirrored):
     with one_device_mirrored.scope():
         model = make_mlp()

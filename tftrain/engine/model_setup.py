@@ -7,6 +7,8 @@ trace, as `model.fit` creates them.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -106,7 +108,7 @@ def build_variables(
     strategy: tf.distribute.Strategy,
     *,
     default_train_step: bool,
-    checked: frozenset[int] = frozenset(),
+    checked: Mapping[int, weakref.ref] | None = None,
 ) -> None:
     """Creates the model's, metrics' and optimizer's variables before the first trace.
 
@@ -116,29 +118,43 @@ def build_variables(
     built if it can be (and the first trace creates the rest).
 
     The variables it creates, in `strategy`'s scope, belong to it; the
-    model's are checked (`check_model_in_scope`) where one that existed
-    before is not among `checked` (those `prepare_model` checked).
+    model's and its optimizer's are checked (`check_model_in_scope`) where
+    one that existed before is not among `checked` (`prepare_model`'s): a
+    recompile's new optimizer is checked, whether built or not.
 
     Raises:
         ValueError: the model's variables do not belong to `strategy`.
     """
     spec: Any = inputs.optionals_to_none(dataset.element_spec)
     dense = all(type(leaf) is tf.TensorSpec for leaf in tf.nest.flatten(spec))
-    unchecked = checked_variables(model) - checked
+    checked = checked or {}
+    if any(checked.get(key, _gone)() is not variable for key, variable in _variables(model).items()):
+        # Before the build (what it creates is in the scope): a recompile's optimizer, built or not, too.
+        strategy_checks.check_model_in_scope(model, strategy, unbuilt_optimizer=True)
     with strategy.scope():
         if default_train_step and model.compiled and dense:
             keras_internals.symbolic_build(model, spec)
         elif model.built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-    if unchecked:
-        strategy_checks.check_model_in_scope(model, strategy)
 
 
-def checked_variables(model: keras.Model) -> frozenset[int]:
-    """The ids of the variables `check_model_in_scope` checks: the model's, and its optimizer's once built."""
-    optimizer = getattr(model, "optimizer", None)
-    slots = optimizer.variables if optimizer is not None and getattr(optimizer, "built", False) else []
-    return frozenset(map(id, [*(model.variables if model.built else []), *slots]))
+def checked_variables(model: keras.Model) -> dict[int, weakref.ref]:
+    """The model's and its optimizer's variables (built or not), as weak references by id.
+
+    An id may be reused by a new variable once the old one is freed (a
+    recompile's new optimizer); a weak reference to the old one then no
+    longer returns the new variable.
+    """
+    return {key: weakref.ref(variable) for key, variable in _variables(model).items()}
+
+
+def _variables(model: keras.Model) -> dict[int, Any]:
+    optimizer = getattr(model, "optimizer", None)  # a Keras optimizer has variables before its build
+    return {id(v): v for v in [*(model.variables if model.built else []), *getattr(optimizer, "variables", [])]}
+
+
+def _gone() -> None:
+    return None
 
 
 def resolve_jit_compile(
@@ -187,7 +203,7 @@ def prepare_model(
     loss: Any = None,
     metrics: Any = None,
     mixed_precision: str | None = None,
-) -> frozenset[int]:
+) -> dict[int, weakref.ref]:
     """Readies a model for the Trainer under `strategy`: its dtype policy, `compile`, and an optimizer of the strategy.
 
     The model is compiled with `optimizer`, `loss` and `metrics` if any is
@@ -196,13 +212,13 @@ def prepare_model(
     `"mixed_float16"` the optimizer is wrapped in a `LossScaleOptimizer`.
 
     Returns:
-        The ids of the variables checked (`checked_variables`): a fit's
-        `build_variables` checks none of them again.
+        The variables checked or made in the strategy's scope here
+        (`checked_variables`): a fit's `build_variables` checks none of them
+        again.
 
     Raises:
         ValueError: the model's variables do not belong to `strategy`.
     """
-    checked = checked_variables(model)
     strategy_checks.check_model_in_scope(model, strategy)
     with strategy.scope():  # a LossScaleOptimizer creates variables
         precision.apply_policy(model, mixed_precision)
@@ -212,4 +228,5 @@ def prepare_model(
         elif getattr(model, "optimizer", None) is not None:
             model.optimizer = strategy_checks.adopt_optimizer(model.optimizer, strategy)
         precision.wrap_model_optimizer(model, mixed_precision)
-    return checked
+    # The model's checked above; its optimizer checked (built), or holding no state and made in the scope.
+    return checked_variables(model)

@@ -15,7 +15,7 @@ import tensorflow as tf
 from tftrain.distribute import describe, is_default_strategy
 
 
-def check_model_in_scope(model: Any, strategy: tf.distribute.Strategy) -> None:
+def check_model_in_scope(model: Any, strategy: tf.distribute.Strategy, *, unbuilt_optimizer: bool = False) -> None:
     """Raises if the model's variables do not belong to `strategy`.
 
     Variables created outside the strategy's scope live on one device only;
@@ -26,12 +26,15 @@ def check_model_in_scope(model: Any, strategy: tf.distribute.Strategy) -> None:
     Args:
         model: A (built or unbuilt) `keras.Model`.
         strategy: The strategy the model is about to train under.
+        unbuilt_optimizer: Also check the variables an optimizer not built
+            yet holds (a Keras optimizer makes its step counter when made);
+            else they are not checked (`adopt_optimizer` may recreate it).
 
     Raises:
         ValueError: naming the first variable that does not belong, and the fix.
     """
     default = is_default_strategy(strategy)
-    for variable in _model_variables(model):
+    for variable in _model_variables(model, unbuilt_optimizer):
         value = getattr(variable, "value", variable)
         distributed = isinstance(value, tf.distribute.DistributedValues)
         if default and distributed:
@@ -49,10 +52,10 @@ def check_model_in_scope(model: Any, strategy: tf.distribute.Strategy) -> None:
             )
 
 
-def _model_variables(model: Any) -> list[Any]:
+def _model_variables(model: Any, unbuilt_optimizer: bool) -> list[Any]:
     variables = list(model.variables) if model.built else []
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and getattr(optimizer, "built", False):
+    if optimizer is not None and (unbuilt_optimizer or getattr(optimizer, "built", False)):
         variables += list(optimizer.variables)
     return variables
 

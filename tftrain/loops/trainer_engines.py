@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
 import keras
@@ -157,7 +157,7 @@ class Engines:
             and built again on next use, as Keras rebuilds a function it
             finds None: a layer unfrozen and compiled again trains, and
             `tftrain.callbacks.Timing` counts every `fit`. None: never rebuilt.
-        in_scope: The ids of the model's variables checked to belong to
+        in_scope: The model's and its optimizer's variables checked to belong to
             `strategy` when the Trainer was made (`model_setup.prepare_model`).
     """
 
@@ -170,7 +170,7 @@ class Engines:
         *,
         nonfinite_policy: NonFinitePolicy,
         model: keras.Model | None = None,
-        in_scope: frozenset[int] = frozenset(),
+        in_scope: Mapping[int, Any] | None = None,
     ):
         self.step_of = step_of
         self.model = model
