@@ -6,6 +6,8 @@ compile again, train on) depends on it. Each test runs the same script under
 `model.fit` and under one Trainer and compares what user code sees.
 """
 
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -101,6 +103,16 @@ def test_what_was_checked_is_kept_for_the_latest_calls_only():
     assert checked.arguments(preparation.FitArguments(epochs=1)) is None
     assert checked.arguments(preparation.FitArguments(epochs=3, class_weight={0: 1.0})) is None
     assert checked.arguments(preparation.FitArguments(epochs=3)) == 3
+
+
+def test_a_check_on_what_cannot_be_a_key_runs_every_time():
+    checked, runs = trainer_engines.CheckedOnce(), []
+    unhashable = [types.SimpleNamespace(spec=None)]  # no hash, as the element spec of an attrs batch
+    model = keras.Sequential([keras.layers.Dense(1)])
+    for _ in range(2):
+        checked.once(unhashable, model, lambda: runs.append(1))
+        checked.add_arguments(unhashable, "resolved")
+    assert len(runs) == 2 and checked.arguments(unhashable) is None
 
 
 class StepReplacer(keras.callbacks.Callback):

@@ -90,10 +90,10 @@ class CheckedOnce:
         self._model: dict[Hashable, None] = {}
         self._arguments: dict[Hashable, Any] = {}
 
-    def _add(self, entries: dict[Hashable, Any], key: Hashable, value: Any) -> None:
+    def _add(self, entries: dict[Hashable, Any], key: Callable[[], Hashable], value: Any) -> None:
         try:
-            entries[key] = value
-        except TypeError:  # a part that is not hashable after all: not kept
+            entries[key()] = value
+        except TypeError:  # a part that is not hashable (e.g. an attrs batch's spec): not kept, checked again
             return
         while len(entries) > self.limit:
             del entries[next(iter(entries))]
@@ -118,7 +118,7 @@ class CheckedOnce:
             known = False
         if not known:
             check()
-            self._add(self._model, self._model_key(what, model, built), None)
+            self._add(self._model, lambda: self._model_key(what, model, built), None)
 
     def arguments(self, given: Any) -> Any:
         """What arguments equal to `given` resolved to in a call that passed their checks, or None."""
@@ -129,11 +129,7 @@ class CheckedOnce:
 
     def add_arguments(self, given: Any, resolved: Any) -> None:
         """Keeps what `given` resolved to (not where a part of it is not hashable)."""
-        try:
-            key = _key(given)
-        except TypeError:
-            return
-        self._add(self._arguments, key, resolved)
+        self._add(self._arguments, lambda: _key(given), resolved)
 
 
 class Engines:
