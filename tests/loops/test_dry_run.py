@@ -450,3 +450,13 @@ def test_under_mirrored_strategy_on_two_cpus():
     result = run_result_script(MIRRORED_SCRIPT, timeout=240)
     assert result["same"] and result["ok"], result
     assert result["ran"] == [True] * 6 and result["engine"] == "graph+loop2"
+
+
+def test_a_report_names_the_stage_asked_for_or_says_which_it_has():
+    from tftrain.loops.dry_run import DryRunReport, DryRunStage
+
+    report = DryRunReport("graph", (DryRunStage("prepare", True, 0.1),), 0.1)
+    assert report.stage("prepare").seconds == 0.1
+    for name in ("train", "trian"):  # a stage this report lacks, and no stage at all
+        with pytest.raises(ValueError, match="Received: name="):
+            report.stage(name)

@@ -40,6 +40,7 @@ from tftrain.arguments import check_verbose
 from tftrain.checkpoint import files, state
 from tftrain.errors import DryRunError
 from tftrain.fit_inputs import inputs
+from tftrain.fit_inputs.epoch_plan import EpochPlan
 from tftrain.loops import inference, preparation
 from tftrain.loops.owner import StepOwner
 from tftrain.loops.state_copy import Sandbox
@@ -107,9 +108,10 @@ class DryRunReport:
         Raises:
             ValueError: `name` is not one of `STAGES`.
         """
-        if name not in STAGES:
+        names = [stage.name for stage in self.stages]
+        if name not in names:
             raise ValueError(f"Invalid value for argument `name`. Received: name={name!r}. Expected one of {STAGES}.")
-        return next(stage for stage in self.stages if stage.name == name)
+        return self.stages[names.index(name)]
 
     def summary(self) -> str:
         """The report as text: each stage, its times or why it did not run, and the first error."""
@@ -137,8 +139,10 @@ def check_export(export: Any) -> dict[str, Any] | None:
     Raises:
         TypeError: `export` is not a bool or a mapping of keyword arguments.
     """
-    if isinstance(export, bool) or isinstance(export, Mapping) and all(isinstance(key, str) for key in export):
-        return None if export is False else {} if export is True else dict(export)
+    if isinstance(export, bool):
+        return {} if export else None
+    if isinstance(export, Mapping) and all(isinstance(key, str) for key in export):
+        return dict(export)
     raise TypeError(f"Invalid value for argument `export`. Received: export={export!r}. Expected True (export to a "
                     "temporary directory, with `Trainer.export`'s defaults), False (no export), or a dict of keyword "
                     'arguments for `Trainer.export` (e.g. {"format": "tf_saved_model"}).')
@@ -202,7 +206,8 @@ def _run_stages(owner: StepOwner, arguments: preparation.FitArguments, sandbox: 
     if validation is None:
         stages.file("validate", "no validation data (`validation_data`, `validation_split`)", ran=False)
     stages.enter("train", timed=False)
-    trace_s = sandbox.fit(budget, model_dir=os.path.join(sandbox.directory, "run"))  # the run's services write there
+    sandbox.use_run_options(model_dir=os.path.join(sandbox.directory, "run"))  # the run's services write there
+    trace_s = sandbox.fit(budget)
     stages.times["train"][0] += trace_s  # the trace is the first call's
     stages.file("train", f"{steps} step{'s' if steps > 1 else ''} per call of the training step")
     if validation is not None:
@@ -219,12 +224,17 @@ def _run_stages(owner: StepOwner, arguments: preparation.FitArguments, sandbox: 
         return stages.file("predict", f"`{argument}` is a generator, read once by then", ran=False)
     data = inputs.adapt(x, batch_size=batch_size, argument=argument)
     if inputs.input_kind(x) != "arrays" and isinstance(data.dataset, tf.data.Dataset):  # a batch's inputs alone
-        data = dataclasses.replace(data, dataset=data.dataset.map(lambda *batch: keras.utils.unpack_x_y_sample_weight(batch)[0]))
+        data = dataclasses.replace(data, dataset=data.dataset.map(_inputs_only))
     plan = _one_batch(preparation.plan_of(owner, data))
     for _ in range(2):  # the first call, and the steady one
         inference.run_prediction(owner, plan, inference.callback_list([stages], 0, plan, owner.model))
     plan.close()
     stages.file("predict", f"1 batch per call of the prediction step, on `{argument}`")
+
+
+def _inputs_only(*batch: Any) -> Any:
+    """A batch's inputs, without its targets and sample weights."""
+    return keras.utils.unpack_x_y_sample_weight(batch)[0]
 
 
 def _enters(name: str, *, timed: bool = True) -> Callable[..., None]:
@@ -244,7 +254,9 @@ class _Stages(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self.stages, self.times, self.error = {}, {}, None  # name -> DryRunStage, name -> seconds of each call
+        self.stages: dict[str, DryRunStage] = {}
+        self.times: dict[str, list[float]] = {}  # the seconds of each call of a stage
+        self.error: Exception | None = None
         self.current, self._timed, self._start = "prepare", True, time.perf_counter()
 
     def enter(self, name: str, *, timed: bool = True) -> None:
@@ -264,7 +276,7 @@ class _Stages(keras.callbacks.Callback):
         """Files stage `name`: run (its first call's time, or `seconds`, and its second, the steady call), or not."""
         self.enter(name, timed=False)
         times = self.times.get(name, [None])  # none for a stage not run
-        self.stages[name] = DryRunStage(name, ran, seconds or times[0], times[1] if len(times) > 1 else None, detail)
+        self.stages[name] = DryRunStage(name, ran, times[0] if seconds is None else seconds, times[1] if len(times) > 1 else None, detail)
 
     def fail(self, error: Exception) -> None:
         """Files the error of the stage running now."""
@@ -273,14 +285,17 @@ class _Stages(keras.callbacks.Callback):
 
     def report(self) -> tuple[DryRunStage, ...]:
         """Every stage in order: where one failed, those before it as far as they ran, none after it."""
-        failed = STAGES.index(self.current) if self.error else len(STAGES)
-        return tuple(
-            self.stages.get(name) or DryRunStage(name, True, (self.times.get(name) or [None])[0]) if index <= failed
-            else DryRunStage(name, False, detail=f"the {self.current!r} stage failed") for index, name in enumerate(STAGES)
-        )  # fmt: skip
+        failed = STAGES.index(self.current) if self.error is not None else len(STAGES)
+        stages = []
+        for index, name in enumerate(STAGES):
+            if index > failed:
+                stages.append(DryRunStage(name, False, detail=f"the {self.current!r} stage failed"))
+            else:
+                stages.append(self.stages.get(name) or DryRunStage(name, True, (self.times.get(name) or [None])[0]))
+        return tuple(stages)
 
 
-def _one_batch(plan: Any) -> Any:
-    """`plan` (an `EpochPlan`), its passes cut to one batch (the dry run's budget of a validation or a prediction)."""
+def _one_batch(plan: EpochPlan) -> EpochPlan:
+    """`plan`, its passes cut to one batch (the dry run's budget of a validation or a prediction)."""
     plan.steps_per_epoch = 1
     return plan

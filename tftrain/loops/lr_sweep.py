@@ -39,6 +39,10 @@ from tftrain.services.protocol import Service
 
 __all__ = ["LearningRateSweep", "find_learning_rate", "learning_rates", "suggest"]
 
+_SKIP_BEGIN = 10  # at most: the first points' slope says little (Lightning skips 10)
+_SKIP_END = 1  # the last point may be the one that diverged
+_MIN_POINTS = 3
+
 
 @dataclasses.dataclass(frozen=True)
 class LearningRateSweep:
@@ -86,11 +90,16 @@ class LearningRateSweep:
             ImportError: matplotlib is not installed (the `plot` extra).
         """
         try:
-            import matplotlib.pyplot as plt
+            import matplotlib  # noqa: F401
         except ImportError as error:
-            raise ImportError(f"LearningRateSweep.plot needs matplotlib, which is not installed ({error}). Install the "
-                              'plot extra: pip install "tftrain[plot]"') from None
-        ax = plt.subplots()[1] if ax is None else ax
+            raise ImportError(
+                f"LearningRateSweep.plot needs matplotlib, which is not installed ({error}). Install the "
+                'plot extra: pip install "tftrain[plot]"'
+            ) from None
+        if ax is None:  # pyplot (and its backend) only where a figure is made here
+            import matplotlib.pyplot as plt
+
+            ax = plt.subplots()[1]
         ax.plot(self.learning_rates, self.losses, alpha=0.35, label="loss")
         ax.plot(self.learning_rates, self.smoothed_losses, label="smoothed loss")
         if show_suggestion and self.suggestion is not None:
@@ -120,14 +129,14 @@ def suggest(rates: list[float], smoothed: list[float]) -> tuple[float | None, st
         `(suggestion, None)`, or `(None, reason)` with too few finite points
         or where the smoothed loss never falls.
     """
-    # Skipped: the first points (at most 10, as Lightning: their slope says little) and the last (it may have
-    # diverged); at least 3 must be left.
-    count, skip_begin = len(smoothed), min(10, len(smoothed) // 10)
-    kept = [i for i in range(skip_begin, count - 1) if math.isfinite(smoothed[i])]
-    if len(kept) < 3:
-        return None, (f"too few points: {count} steps ran, {len(kept)} left after skipping the first {skip_begin}, "
-                      "the last 1 and any non-finite loss (at least 3 are needed). Run more steps, or lower `min_lr` "
-                      "if the loss diverged at once.")  # fmt: skip
+    count, skip_begin = len(smoothed), min(_SKIP_BEGIN, len(smoothed) // 10)
+    kept = [i for i in range(skip_begin, count - _SKIP_END) if math.isfinite(smoothed[i])]
+    if len(kept) < _MIN_POINTS:
+        return None, (
+            f"too few points: {count} steps ran, {len(kept)} left after skipping the first {skip_begin}, "
+            f"the last {_SKIP_END} and any non-finite loss (at least {_MIN_POINTS} are needed). Run more "
+            "steps, or lower `min_lr` if the loss diverged at once."
+        )
     slopes = np.gradient(np.array([smoothed[i] for i in kept]), np.log([rates[i] for i in kept]))
     steepest = int(np.argmin(slopes))
     if not slopes[steepest] < 0:
@@ -181,9 +190,19 @@ class _Sweep(Service):
                                  self.stop_reason is not None, self.stop_reason, no_suggestion_reason)  # fmt: skip
 
 
-def find_learning_rate(owner: StepOwner, x: Any, y: Any = None, *, batch_size: int | None = None, min_lr: float = 1e-7,
-                       max_lr: float = 10.0, steps: int = 100, smoothing: float = 0.98, stop_factor: float = 4.0,
-                       monitor: str = "loss") -> LearningRateSweep:  # fmt: skip
+def find_learning_rate(
+    owner: StepOwner,
+    x: Any,
+    y: Any = None,
+    *,
+    batch_size: int | None = None,
+    min_lr: float = 1e-7,
+    max_lr: float = 10.0,
+    steps: int = 100,
+    smoothing: float = 0.98,
+    stop_factor: float = 4.0,
+    monitor: str = "loss",
+) -> LearningRateSweep:
     """Runs the range test on `owner`'s training step and puts its state back.
 
     `Trainer.find_learning_rate(x, y, ...)` calls this with itself as
@@ -193,6 +212,7 @@ def find_learning_rate(owner: StepOwner, x: Any, y: Any = None, *, batch_size: i
         A `LearningRateSweep`.
     """
     check_lr_sweep(min_lr, max_lr, steps, smoothing, stop_factor)
+    preparation.check_step(owner, "train")  # an uncompiled model: fit's error
     optimizer = getattr(owner.model, "optimizer", None)
     if optimizer is None:
         raise ValueError("find_learning_rate sweeps the learning rate of the model's optimizer, but the model has none. "
@@ -210,6 +230,7 @@ def find_learning_rate(owner: StepOwner, x: Any, y: Any = None, *, batch_size: i
         # optimizer's own); the optimizer's learning rate (a variable, a schedule, a callable) is put back after.
         sandbox.on_exit(keras_internals.set_learning_rate_object, optimizer, keras_internals.learning_rate_object(optimizer))
         keras_internals.set_learning_rate_object(optimizer, lambda: sweep.learning_rate)
+        sandbox.use_run_options(model_dir=None)  # before the preparation: nothing of the run's directory is read
         arguments = preparation.FitArguments(x, y, batch_size, shuffle=False, verbose=0, **budget)
-        sandbox.fit(preparation.fit_call(owner, arguments), model_dir=None)
+        sandbox.fit(preparation.fit_call(owner, arguments))
     return sweep.result()

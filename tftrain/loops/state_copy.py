@@ -139,20 +139,25 @@ class Sandbox:
         stack.enter_context(owner.engines.fresh_cache())
         return self
 
-    def fit(self, call: FitCall, **run_options: Any) -> float:
-        """Runs the fit loop on `call`, its training step traced first; returns the seconds of the trace.
+    def use_run_options(self, **run_options: Any) -> None:
+        """Sets the owner's run options for the side run: `run_options`, and nothing that reaches past it.
 
-        The owner's run options for the side run are `run_options` and
-        nothing that reaches past it: no profiler window, signal handler,
-        requeue, `resume_from` or FLOPs count (put back on exit). The
-        variables the preparation and the trace made are copied at their
-        initial values.
+        No profiler window, signal handler, requeue, `resume_from` or FLOPs
+        count; the owner's own options are put back on exit.
         """
         owner = self._owner
         self.set_aside(owner, run_options=dataclasses.replace(
             owner.run_options, profile_steps=None, preemption_signals=(), slurm_requeue=False, resume_from=None,
             count_flops=False, **run_options,
         ))  # fmt: skip
+
+    def fit(self, call: FitCall) -> float:
+        """Runs the fit loop on `call`, its training step traced first; returns the seconds of the trace.
+
+        The variables the preparation and the trace made are copied at their
+        initial values (`use_run_options` first sets the side run's options).
+        """
+        owner = self._owner
         self.copy.take()  # the variables the preparation built (were the trace to fail)
         start, runner = time.perf_counter(), owner.engines.runner("train")
         if hasattr(runner.step, "get_concrete_function"):
