@@ -333,6 +333,8 @@ def test_missing_loss_log_or_optimizer_is_a_clear_error(tiny_dataset):
     trainer = OwnOptimizer(classifier())
     with pytest.raises(ValueError, match="sweeps the learning rate of the model's optimizer"):
         trainer.find_learning_rate(tiny_dataset, steps=2)
+    with pytest.raises(ValueError, match="not compiled"):  # as fit says it
+        tftrain.Trainer(classifier()).find_learning_rate(tiny_dataset, steps=2)
 
 
 @pytest.mark.parametrize("engine", ["eager", "graph"])
