@@ -276,7 +276,8 @@ class Trainer:
             self.options,
             self.strategy,
             self._global_step,
-            nonfinite_policy=self.nonfinite_policy, in_scope=in_scope,  # the variables `prepare_model` checked
+            nonfinite_policy=self.nonfinite_policy,
+            in_scope=in_scope,  # the variables `prepare_model` checked
             model=self.model,  # its step functions reset: `compile`, a callback (`Timing`)
         )
         self.timing: timing.TimingReport | None = None

@@ -17,13 +17,18 @@ from tftrain.bench import config as config_lib
 from tftrain.bench import optional, outputs
 
 _FIELDS = {field.name: field for field in dataclasses.fields(config_lib.BenchmarkConfig)}
-_DEFINE = {"bool": flags.DEFINE_bool, "int": flags.DEFINE_integer, "int | None": flags.DEFINE_integer}
+_DEFINE = {
+    "bool": flags.DEFINE_bool,
+    "int": flags.DEFINE_integer,
+    "int | None": flags.DEFINE_integer,
+    "float": flags.DEFINE_float,
+}
 
 
 def _define(name: str, help_text: str) -> flags.FlagHolder:
     """The flag of `BenchmarkConfig` field `name`: of its type, with its default."""
     field = _FIELDS[name]
-    return _DEFINE.get(field.type, flags.DEFINE_float)(name, field.default, help_text)
+    return _DEFINE[field.type](name, field.default, help_text)  # a field of another type: a KeyError here
 
 
 _define("quick", "A short run: fewer examples, shorter segments, 5 rounds by default.")

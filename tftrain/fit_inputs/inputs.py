@@ -230,7 +230,7 @@ def adapt(
             dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     if from_limit and 0 < int(dataset.cardinality()) < steps:
         steps = int(dataset.cardinality())  # keras.config's cap is an upper bound, not a request
-    return AdaptedInput(dataset, adapter, kind, steps, argument, steps_argument)
+    return AdaptedInput(dataset, adapter, kind, steps, argument=argument, steps_argument=steps_argument)
 
 
 def _adapt_distributed(
@@ -265,7 +265,7 @@ def _adapt_distributed(
         )
     data = DistributedData(x)
     _check_batched(data, argument)
-    return AdaptedInput(data, None, "distributed", steps, argument, steps_argument)
+    return AdaptedInput(data, None, "distributed", steps, argument=argument, steps_argument=steps_argument)
 
 
 def split_validation(
