@@ -148,8 +148,13 @@ def check_export(export: Any) -> dict[str, Any] | None:
                     'arguments for `Trainer.export` (e.g. {"format": "tf_saved_model"}).')
 
 
-def run_check(owner: StepOwner, fit_arguments: preparation.FitArguments, *, export_to: Callable[..., None],
-              export: Any = False) -> DryRunReport:  # fmt: skip
+def run_check(
+    owner: StepOwner,
+    fit_arguments: preparation.FitArguments,
+    *,
+    export_to: Callable[..., None],
+    export: Any = False,
+) -> DryRunReport:
     """Runs the dry run of a `fit` call on `owner` and puts everything back.
 
     `Trainer.check` calls this with itself as `owner`; it documents what
@@ -189,8 +194,11 @@ def run_check(owner: StepOwner, fit_arguments: preparation.FitArguments, *, expo
         print(report.summary())
     if stages.error is not None:
         failed = report.stage(stages.current)
-        message = f"The dry run failed in its {failed.name!r} stage: {failed.error} (everything was put back as it was: "
-        raise DryRunError(message + "fix this and run `check` again).", stage=failed.name, report=report) from stages.error
+        message = (
+            f"The dry run failed in its {failed.name!r} stage: {failed.error} (everything was put back as it "
+            "was: fix this and run `check` again)."
+        )
+        raise DryRunError(message, stage=failed.name, report=report) from stages.error
     return report
 
 
@@ -201,8 +209,17 @@ def _run_stages(owner: StepOwner, arguments: preparation.FitArguments, sandbox: 
     # The budget: two epochs of one call (the first and the steady one), one batch per validation.
     steps = call.plan.steps_per_epoch = min(owner.engines.options.fixed_steps, call.plan.steps or math.inf)
     validation = call.validation and preparation.ValidationData(lambda: _one_batch(call.validation.plan), deferred=True)
-    budget = dataclasses.replace(call, target=state.CallTarget(epochs=2), initial_epoch=0, callbacks=[stages], verbose=0,
-                                 verbosity=0, validation=validation, validation_freq=1, validation_every_steps=None)  # fmt: skip
+    budget = dataclasses.replace(
+        call,
+        target=state.CallTarget(epochs=2),
+        initial_epoch=0,
+        callbacks=[stages],
+        verbose=0,
+        verbosity=0,
+        validation=validation,
+        validation_freq=1,
+        validation_every_steps=None,
+    )
     if validation is None:
         stages.file("validate", "no validation data (`validation_data`, `validation_split`)", ran=False)
     stages.enter("train", timed=False)
