@@ -127,8 +127,7 @@ def build_variables(
     """
     spec: Any = inputs.optionals_to_none(dataset.element_spec)
     dense = all(type(leaf) is tf.TensorSpec for leaf in tf.nest.flatten(spec))
-    checked = checked or {}
-    if any(checked.get(key, _gone)() is not variable for key, variable in _variables(model).items()):
+    if any(_unchecked(checked or {}, key, variable) for key, variable in _variables(model).items()):
         # Before the build (what it creates is in the scope): a recompile's optimizer, built or not, too.
         strategy_checks.check_model_in_scope(model, strategy, unbuilt_optimizer=True)
     with strategy.scope():
@@ -153,8 +152,9 @@ def _variables(model: keras.Model) -> dict[int, Any]:
     return {id(v): v for v in [*(model.variables if model.built else []), *getattr(optimizer, "variables", [])]}
 
 
-def _gone() -> None:
-    return None
+def _unchecked(checked: Mapping[int, weakref.ref], key: int, variable: Any) -> bool:
+    reference = checked.get(key)
+    return reference is None or reference() is not variable
 
 
 def resolve_jit_compile(
